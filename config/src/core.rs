@@ -1,0 +1,313 @@
+//! The tables the server core reads, with the defaults of PROTOCOL §7.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::source::{ConfigError, ConfigSource, REDACTED};
+
+/// Environment variable that can carry the WebSocket bearer token (PROTOCOL §1.3.2).
+pub const CONNECTION_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_CONNECTION_TOKEN";
+
+/// Names of the core tables; any other top-level table must belong to a plugin.
+pub const CORE_TABLES: &[&str] = &[
+    "server",
+    "limits",
+    "websocket",
+    "dispatch",
+    "connection",
+    "session",
+    "methods",
+    "plugins",
+];
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerTable {
+    /// Listener URLs; empty means the default (`ws://127.0.0.1:0` unless remote mode is on).
+    pub listen: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsTable {
+    pub max_message_bytes: usize,
+    pub max_json_values: usize,
+}
+
+impl Default for LimitsTable {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 64 * 1024 * 1024,
+            max_json_values: 262_144,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebsocketTable {
+    pub max_frame_bytes: usize,
+    pub ping_interval_ms: u64,
+    /// Shared secret required on the upgrade; also read from `CODEX_EXEC_SERVER_CONNECTION_TOKEN`.
+    pub bearer_token: Option<String>,
+}
+
+impl Default for WebsocketTable {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 16 * 1024 * 1024,
+            ping_interval_ms: 30_000,
+            bearer_token: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DispatchTable {
+    pub max_in_flight: usize,
+    pub max_waiting_reads: usize,
+}
+
+impl Default for DispatchTable {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 64,
+            max_waiting_reads: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionTable {
+    pub outbound_queue_messages: usize,
+}
+
+impl Default for ConnectionTable {
+    fn default() -> Self {
+        Self {
+            outbound_queue_messages: 128,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionTable {
+    pub detached_ttl_ms: u64,
+}
+
+impl Default for SessionTable {
+    fn default() -> Self {
+        Self {
+            detached_ttl_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MethodsTable {
+    /// Exact method names and `family/*` patterns.
+    pub disabled: Vec<String>,
+}
+
+/// `[plugins.<name>]`: the operator's switch for one plugin.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginSwitch {
+    pub enabled: bool,
+}
+
+impl Default for PluginSwitch {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// Everything the core reads, validated.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CoreConfig {
+    pub server: ServerTable,
+    pub limits: LimitsTable,
+    pub websocket: WebsocketTable,
+    pub dispatch: DispatchTable,
+    pub connection: ConnectionTable,
+    pub session: SessionTable,
+    pub methods: MethodsTable,
+    pub plugins: BTreeMap<String, PluginSwitch>,
+}
+
+impl CoreConfig {
+    /// Extracts and validates the core tables. `connection_token_env` is the value of
+    /// `CODEX_EXEC_SERVER_CONNECTION_TOKEN` (passed in so tests need not touch the process
+    /// environment).
+    pub fn from_source(
+        source: &ConfigSource,
+        connection_token_env: Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = Self {
+            server: source.section("server")?,
+            limits: source.section("limits")?,
+            websocket: source.section("websocket")?,
+            dispatch: source.section("dispatch")?,
+            connection: source.section("connection")?,
+            session: source.section("session")?,
+            methods: source.section("methods")?,
+            plugins: source.section("plugins")?,
+        };
+        let positive: [(&str, u64); 7] = [
+            (
+                "limits.max_message_bytes",
+                config.limits.max_message_bytes as u64,
+            ),
+            (
+                "limits.max_json_values",
+                config.limits.max_json_values as u64,
+            ),
+            (
+                "websocket.max_frame_bytes",
+                config.websocket.max_frame_bytes as u64,
+            ),
+            (
+                "websocket.ping_interval_ms",
+                config.websocket.ping_interval_ms,
+            ),
+            (
+                "dispatch.max_in_flight",
+                config.dispatch.max_in_flight as u64,
+            ),
+            (
+                "connection.outbound_queue_messages",
+                config.connection.outbound_queue_messages as u64,
+            ),
+            ("session.detached_ttl_ms", config.session.detached_ttl_ms),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(source.invalid(key, "must be greater than zero, got 0"));
+            }
+        }
+        config.websocket.bearer_token = resolve_bearer_token(
+            source,
+            config.websocket.bearer_token.take(),
+            connection_token_env,
+        )?;
+        Ok(config)
+    }
+
+    /// The effective configuration as JSON, with secrets redacted.
+    pub fn to_redacted_json(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).expect("config always serializes");
+        if self.websocket.bearer_token.is_some() {
+            value["websocket"]["bearer_token"] = REDACTED.into();
+        }
+        value
+    }
+}
+
+fn resolve_bearer_token(
+    source: &ConfigSource,
+    configured: Option<String>,
+    from_env: Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    let configured = configured.filter(|t| !t.is_empty());
+    let from_env = from_env.filter(|t| !t.is_empty());
+    let token = match (configured, from_env) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(source.invalid(
+                "websocket.bearer_token",
+                format!("differs from the value of {CONNECTION_TOKEN_ENV}; set only one"),
+            ))
+        }
+        (Some(a), _) => Some(a),
+        (None, b) => b,
+    };
+    if let Some(token) = &token {
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(source.invalid(
+                "websocket.bearer_token",
+                "must consist of visible ASCII characters",
+            ));
+        }
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_protocol() {
+        let c = CoreConfig::from_source(&ConfigSource::from_toml_str(""), None).unwrap();
+        assert_eq!(c.limits.max_message_bytes, 67_108_864);
+        assert_eq!(c.limits.max_json_values, 262_144);
+        assert_eq!(c.websocket.max_frame_bytes, 16_777_216);
+        assert_eq!(c.websocket.ping_interval_ms, 30_000);
+        assert_eq!(c.dispatch.max_in_flight, 64);
+        assert_eq!(c.dispatch.max_waiting_reads, 1024);
+        assert_eq!(c.connection.outbound_queue_messages, 128);
+        assert_eq!(c.session.detached_ttl_ms, 30_000);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = CoreConfig::from_source(
+            &ConfigSource::from_toml_str("[methods]\ndisable = [\"fs/*\"]\n"),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.0
+                .starts_with("invalid config: unknown key methods.disable"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_key() {
+        let err = CoreConfig::from_source(
+            &ConfigSource::from_toml_str("[session]\ndetached_ttl_ms = \"soon\"\n"),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.0
+                .starts_with("invalid config: session.detached_ttl_ms: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        let err = CoreConfig::from_source(
+            &ConfigSource::from_toml_str("[dispatch]\nmax_in_flight = 0\n"),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.0
+                .starts_with("invalid config: dispatch.max_in_flight must be greater than zero"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bearer_token_sources_must_agree() {
+        let source = ConfigSource::from_toml_str("[websocket]\nbearer_token = \"a\"\n");
+        assert!(CoreConfig::from_source(&source, Some("b".into())).is_err());
+        let c = CoreConfig::from_source(&source, Some("a".into())).unwrap();
+        assert_eq!(c.websocket.bearer_token.as_deref(), Some("a"));
+        assert_eq!(c.to_redacted_json()["websocket"]["bearer_token"], REDACTED);
+        let env_only = CoreConfig::from_source(&ConfigSource::from_toml_str(""), Some("t".into()));
+        assert_eq!(
+            env_only.unwrap().websocket.bearer_token.as_deref(),
+            Some("t")
+        );
+        let bad = ConfigSource::from_toml_str("[websocket]\nbearer_token = \"a b\"\n");
+        assert!(CoreConfig::from_source(&bad, None).is_err());
+    }
+}

@@ -1,0 +1,17 @@
+//! exec-server configuration (PROTOCOL §7).
+//!
+//! Two phases, as in ripgrep: [`ConfigSource::load`] gathers the layers without side
+//! effects — defaults < the `--config` TOML file < `EXEC_SERVER_<TABLE>__<KEY>` environment
+//! variables < command-line flags — and the typed views ([`CoreConfig`] here, each plugin's
+//! own section through [`ConfigSource::section`]) are derived from it. Every error is one
+//! line that starts with `invalid config: `, names the key and ends with where the value
+//! came from.
+//!
+//! * [`core`] — the tables the server core reads (`server`, `limits`, `websocket`, …).
+//! * [`source`] — layering, provenance and error formatting.
+
+pub mod core;
+pub mod source;
+
+pub use crate::core::{CoreConfig, PluginSwitch};
+pub use crate::source::{CliOverrides, ConfigError, ConfigSource, REDACTED};

@@ -1,0 +1,221 @@
+//! Configuration layers and provenance: which file, variable or flag set a key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::de::DeserializeOwned;
+
+/// Prefix of configuration environment variables.
+pub const ENV_PREFIX: &str = "EXEC_SERVER_";
+/// Separator between levels in configuration environment variables.
+pub const ENV_SEPARATOR: &str = "__";
+/// How secrets are printed by `exec-server config`.
+pub const REDACTED: &str = "<redacted>";
+
+const CLI_SOURCE_NAME: &str = "command line";
+
+/// One start-up configuration error: a complete `invalid config: …` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Values given as command-line flags; they win over every other layer.
+#[derive(Debug, Clone, Default)]
+pub struct CliOverrides {
+    /// Dotted key → value, e.g. `server.listen` → `["stdio"]`.
+    pub values: Vec<(String, serde_json::Value)>,
+}
+
+impl CliOverrides {
+    pub fn set(&mut self, key: &str, value: impl Into<serde_json::Value>) {
+        self.values.push((key.to_owned(), value.into()));
+    }
+}
+
+impl Provider for CliOverrides {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(CLI_SOURCE_NAME)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut root = serde_json::Map::new();
+        for (key, value) in &self.values {
+            let mut parts: Vec<&str> = key.split('.').collect();
+            let last = parts.pop().unwrap_or_default();
+            let mut table = &mut root;
+            for part in parts {
+                table = table
+                    .entry(part.to_owned())
+                    .or_insert_with(|| serde_json::Value::Object(Default::default()))
+                    .as_object_mut()
+                    .expect("command-line keys never collide with values");
+            }
+            table.insert(last.to_owned(), value.clone());
+        }
+        figment::providers::Serialized::defaults(serde_json::Value::Object(root)).data()
+    }
+}
+
+/// The layered configuration sources, before any typed view is taken.
+#[derive(Debug, Clone)]
+pub struct ConfigSource {
+    figment: Figment,
+}
+
+impl ConfigSource {
+    /// Gathers the layers: the file named by `--config` (if any), the environment, the CLI.
+    pub fn load(config_file: Option<&Path>, cli: CliOverrides) -> Result<Self, ConfigError> {
+        Self::load_with_env(config_file, cli, true)
+    }
+
+    /// Like [`ConfigSource::load`]; `read_env: false` ignores the process environment
+    /// (used by unit tests, which cannot own the process environment).
+    pub fn load_with_env(
+        config_file: Option<&Path>,
+        cli: CliOverrides,
+        read_env: bool,
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(path) = config_file {
+            check_toml_file(path)?;
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        if read_env {
+            figment = figment.merge(
+                Env::prefixed(ENV_PREFIX)
+                    .filter(|key| key.as_str().contains(ENV_SEPARATOR))
+                    .split(ENV_SEPARATOR),
+            );
+        }
+        figment = figment.merge(cli);
+        Ok(Self { figment })
+    }
+
+    /// A source made of one TOML text (tests and examples).
+    pub fn from_toml_str(toml_text: &str) -> Self {
+        Self {
+            figment: Figment::new().merge(Toml::string(toml_text)),
+        }
+    }
+
+    /// Top-level tables present in any layer, each with where it was set.
+    pub fn tables(&self) -> Vec<(String, String)> {
+        let top: BTreeMap<String, Value> = self.figment.extract().unwrap_or_default();
+        top.into_keys()
+            .map(|table| {
+                let origin = self.origin(&table);
+                (table, origin)
+            })
+            .collect()
+    }
+
+    /// Extracts one table as `T` (missing keys take `T`'s serde defaults).
+    pub fn section<T: DeserializeOwned>(&self, table: &str) -> Result<T, ConfigError> {
+        let figment = if self.figment.contains(table) {
+            self.figment.clone()
+        } else {
+            // An absent table decodes as an empty one, so `T`'s defaults apply.
+            self.figment
+                .clone()
+                .merge(figment::providers::Serialized::default(table, Dict::new()))
+        };
+        figment
+            .extract_inner(table)
+            .map_err(|e| self.decode_error(table, e))
+    }
+
+    /// ` (from …)` for the layer that set `key`, or ` (default)` if none did.
+    pub fn origin(&self, key: &str) -> String {
+        match self.figment.find_metadata(key) {
+            Some(metadata) => describe(metadata, key),
+            None => " (default)".to_owned(),
+        }
+    }
+
+    /// The `invalid config: <key> <problem>, got <value> (from …)` line for a value that
+    /// decoded but failed validation.
+    pub fn invalid(&self, key: &str, problem: impl fmt::Display) -> ConfigError {
+        ConfigError(format!(
+            "invalid config: {key} {problem}{}",
+            self.origin(key)
+        ))
+    }
+
+    fn decode_error(&self, table: &str, error: figment::Error) -> ConfigError {
+        let first = error.into_iter().next().expect("an error has one entry");
+        // `extract_inner` appends the table to the end of the inner path; put it first.
+        let table_parts: Vec<String> = table.split('.').map(str::to_owned).collect();
+        let mut inner = first.path.clone();
+        if inner.ends_with(&table_parts) {
+            inner.truncate(inner.len() - table_parts.len());
+        }
+        let mut path = table_parts;
+        path.extend(inner);
+        use figment::error::Kind;
+        match &first.kind {
+            Kind::UnknownField(field, _) => {
+                path.push(field.clone());
+                let key = path.join(".");
+                ConfigError(format!(
+                    "invalid config: unknown key {key}{}",
+                    self.origin(&key)
+                ))
+            }
+            kind => {
+                let key = path.join(".");
+                ConfigError(format!(
+                    "invalid config: {key}: {kind}{}",
+                    self.origin(&key)
+                ))
+            }
+        }
+    }
+}
+
+fn check_toml_file(path: &Path) -> Result<(), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError(format!(
+            "invalid config: cannot read config file {}: {e}",
+            path.display()
+        ))
+    })?;
+    text.parse::<toml::Table>().map_err(|e| {
+        let message = e.message().to_owned();
+        ConfigError(format!(
+            "invalid config: {} is not valid TOML: {message}",
+            path.display()
+        ))
+    })?;
+    Ok(())
+}
+
+fn describe(metadata: &Metadata, key: &str) -> String {
+    if let Some(figment::Source::File(path)) = &metadata.source {
+        return format!(" (from {})", PathBuf::from(path).display());
+    }
+    if metadata.name == CLI_SOURCE_NAME {
+        return " (from the command line)".to_owned();
+    }
+    if metadata.name.contains("environment variable") {
+        let name = format!(
+            "{ENV_PREFIX}{}",
+            key.split('.')
+                .map(str::to_ascii_uppercase)
+                .collect::<Vec<_>>()
+                .join(ENV_SEPARATOR)
+        );
+        return format!(" (from environment variable {name})");
+    }
+    format!(" (from {})", metadata.name)
+}

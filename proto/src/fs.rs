@@ -1,0 +1,248 @@
+//! `fs/*` params and results (PROTOCOL §5). Paths are kept as the strings the client sent;
+//! [`crate::path::parse_path`] turns them into host paths, because each member answers a
+//! bad path with its own error.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const READ_FILE: &str = "fs/readFile";
+pub const WRITE_FILE: &str = "fs/writeFile";
+pub const CREATE_DIRECTORY: &str = "fs/createDirectory";
+pub const GET_METADATA: &str = "fs/getMetadata";
+pub const CANONICALIZE: &str = "fs/canonicalize";
+pub const READ_DIRECTORY: &str = "fs/readDirectory";
+pub const WALK: &str = "fs/walk";
+pub const REMOVE: &str = "fs/remove";
+pub const COPY: &str = "fs/copy";
+pub const OPEN: &str = "fs/open";
+pub const READ_BLOCK: &str = "fs/readBlock";
+pub const CLOSE: &str = "fs/close";
+
+/// Gating family label of every `fs/*` method (§2.10).
+pub const FAMILY_LABEL: &str = "filesystem";
+
+/// Maximum `handleId` length in bytes (fixed, §5.14).
+pub const MAX_HANDLE_ID_BYTES: usize = 32;
+
+/// Per-item overhead charged to the `fs/walk` response budget (fixed, §5.11).
+pub const WALK_ITEM_OVERHEAD_BYTES: usize = 64;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadFileParams {
+    pub path: String,
+    #[serde(default)]
+    pub follow_symlinks: Option<bool>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    /// Legacy top-level policy (§5.2.1), honoured like `sandbox.sandboxPolicy`.
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadFileResult<D = String> {
+    pub data_base64: D,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteFileParams {
+    pub path: String,
+    pub data_base64: String,
+    #[serde(default)]
+    pub follow_symlinks: Option<bool>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateDirectoryParams {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: Option<bool>,
+    #[serde(default)]
+    pub follow_symlinks: Option<bool>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetMetadataParams {
+    pub path: String,
+    #[serde(default)]
+    pub follow_symlinks: Option<bool>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Metadata {
+    pub is_directory: bool,
+    pub is_file: bool,
+    pub is_symlink: bool,
+    pub size: u64,
+    pub created_at_ms: i64,
+    pub modified_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CanonicalizeParams {
+    pub path: String,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct PathResult {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadDirectoryParams {
+    pub path: String,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DirectoryEntry {
+    pub file_name: String,
+    pub is_directory: bool,
+    pub is_file: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ReadDirectoryResult {
+    pub entries: Vec<DirectoryEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkParams {
+    pub path: String,
+    pub options: WalkOptions,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkOptions {
+    pub max_depth: usize,
+    pub max_directories: usize,
+    pub max_entries: usize,
+    pub follow_directory_symlinks: bool,
+    #[serde(default)]
+    pub prune_hidden_directories: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WalkEntryKind {
+    Directory,
+    File,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct WalkEntry {
+    pub path: String,
+    pub kind: WalkEntryKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct WalkError {
+    pub path: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct WalkResult {
+    pub entries: Vec<WalkEntry>,
+    pub errors: Vec<WalkError>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoveParams {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: Option<bool>,
+    #[serde(default)]
+    pub force: Option<bool>,
+    #[serde(default)]
+    pub follow_symlinks: Option<bool>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyParams {
+    pub source_path: String,
+    pub destination_path: String,
+    pub recursive: bool,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenParams {
+    pub handle_id: String,
+    pub path: String,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HandleResult {
+    pub handle_id: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadBlockParams {
+    pub handle_id: String,
+    pub offset: u64,
+    pub len: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ReadBlockResult<C = String> {
+    pub chunk: C,
+    pub eof: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloseParams {
+    pub handle_id: String,
+}

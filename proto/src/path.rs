@@ -1,0 +1,264 @@
+//! Paths on the wire (PROTOCOL §5.1): `file:` URIs and native absolute paths in, canonical
+//! `file:` URIs out. Unix paths are byte strings, so both directions are byte-exact.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{foreign_os_reason, RpcError};
+
+/// Why a wire path was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathError {
+    /// Not an acceptable path at all (-32602 `invalid path`); the text is the reason.
+    Invalid(String),
+    /// A well-formed `file:` URI in another OS's convention (-32600, §5.1).
+    ForeignOs(String),
+}
+
+impl PathError {
+    /// The reason text, as used inside other messages (e.g. the `cwd` error).
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::Invalid(r) | Self::ForeignOs(r) => r,
+        }
+    }
+
+    /// The error an `fs/*` path member answers with.
+    pub fn into_rpc(self, value: &str) -> RpcError {
+        match self {
+            Self::Invalid(reason) => RpcError::invalid_path(value, reason),
+            Self::ForeignOs(_) => RpcError::foreign_os_uri(value),
+        }
+    }
+}
+
+/// Parses a wire path: a `file:` URI or a native absolute path.
+pub fn parse_path(value: &str) -> Result<PathBuf, PathError> {
+    if value.is_empty() {
+        return Err(PathError::Invalid("path must not be empty".into()));
+    }
+    if value.len() >= 5 && value[..5].eq_ignore_ascii_case("file:") {
+        return parse_file_uri(value);
+    }
+    if value.starts_with('/') {
+        return Ok(PathBuf::from(value));
+    }
+    if let Some((scheme, _)) = value.split_once(':') {
+        let is_scheme = !scheme.is_empty()
+            && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if is_scheme && scheme.len() > 1 {
+            return Err(PathError::Invalid(format!(
+                "unsupported URI scheme `{scheme}`; expected a file: URI or an absolute path"
+            )));
+        }
+    }
+    Err(PathError::Invalid(
+        "relative paths are not accepted; expected a file: URI or an absolute path".into(),
+    ))
+}
+
+fn parse_file_uri(value: &str) -> Result<PathBuf, PathError> {
+    let rest = &value[5..];
+    if rest.contains('?') {
+        return Err(PathError::Invalid("file URIs must not have a query".into()));
+    }
+    if rest.contains('#') {
+        return Err(PathError::Invalid(
+            "file URIs must not have a fragment".into(),
+        ));
+    }
+    let raw_path = match rest.strip_prefix("//") {
+        Some(after) => {
+            let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+            if authority.contains('@') {
+                return Err(PathError::Invalid(
+                    "file URIs must not carry user information".into(),
+                ));
+            }
+            if authority.contains(':') {
+                return Err(PathError::Invalid("file URIs must not have a port".into()));
+            }
+            if !authority.is_empty() && !authority.eq_ignore_ascii_case("localhost") {
+                return Err(PathError::Invalid(format!(
+                    "file URI host `{authority}` is not supported; only an empty host or localhost"
+                )));
+            }
+            path
+        }
+        None => rest,
+    };
+    if !raw_path.starts_with('/') {
+        return Err(PathError::Invalid(
+            "file URI must contain an absolute path".into(),
+        ));
+    }
+    let bytes = percent_decode(raw_path)?;
+    if is_drive_letter_path(&bytes) {
+        return Err(PathError::ForeignOs(foreign_os_reason(value)));
+    }
+    Ok(PathBuf::from(OsString::from_vec(remove_dot_segments(
+        &bytes,
+    ))))
+}
+
+fn percent_decode(s: &str) -> Result<Vec<u8>, PathError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| PathError::Invalid("invalid percent-encoding in file URI".into()))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    if out.contains(&0) {
+        return Err(PathError::Invalid(
+            "path must not contain a NUL byte".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// `/C:/…` or `/c|/…`: a Windows drive letter as the first segment.
+fn is_drive_letter_path(path: &[u8]) -> bool {
+    let first = path[1..].split(|&b| b == b'/').next().unwrap_or_default();
+    first.len() == 2 && first[0].is_ascii_alphabetic() && matches!(first[1], b':' | b'|')
+}
+
+/// RFC 3986 §5.2.4 on an absolute path: `.` segments vanish, `..` removes its parent
+/// (never above the root).
+fn remove_dot_segments(path: &[u8]) -> Vec<u8> {
+    let mut segments: Vec<&[u8]> = Vec::new();
+    let mut trailing_slash = false;
+    for segment in path[1..].split(|&b| b == b'/') {
+        trailing_slash = false;
+        match segment {
+            b"." => trailing_slash = true,
+            b".." => {
+                segments.pop();
+                trailing_slash = true;
+            }
+            _ => segments.push(segment),
+        }
+    }
+    let mut out = Vec::with_capacity(path.len());
+    for segment in &segments {
+        out.push(b'/');
+        out.extend_from_slice(segment);
+    }
+    if out.is_empty() || (trailing_slash && !out.ends_with(b"/")) {
+        out.push(b'/');
+    }
+    out
+}
+
+/// Formats an absolute path as a canonical `file:` URI (§5.1): every byte outside the URL
+/// path character set is percent-encoded; never `localhost`.
+pub fn to_file_uri(path: &Path) -> String {
+    let bytes = path.as_os_str().as_bytes();
+    let mut out = String::with_capacity(7 + bytes.len());
+    out.push_str("file://");
+    for &b in bytes {
+        if is_path_char(b) {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+fn is_path_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+                | b':'
+                | b'@'
+                | b'/'
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(s: &str) -> Vec<u8> {
+        parse_path(s).unwrap().into_os_string().into_vec()
+    }
+
+    #[test]
+    fn accepts_both_forms() {
+        assert_eq!(ok("file:///tmp/x"), b"/tmp/x");
+        assert_eq!(ok("FILE://localhost/tmp/x"), b"/tmp/x");
+        assert_eq!(ok("file:///tmp/a%20b/%FF"), b"/tmp/a b/\xff");
+        assert_eq!(ok("file:///tmp/./a/../b"), b"/tmp/b");
+        assert_eq!(ok("file:///../.."), b"/");
+        assert_eq!(ok("/tmp/./x/../y"), b"/tmp/./x/../y");
+    }
+
+    #[test]
+    fn rejects_bad_forms() {
+        for bad in [
+            "",
+            "src/main.rs",
+            "./x",
+            "http://x/y",
+            "file://host/x",
+            "file://u@localhost/x",
+            "file://localhost:80/x",
+            "file:///x?q",
+            "file:///x#f",
+            "file:///x%zz",
+            "file:///x%00",
+        ] {
+            assert!(
+                matches!(parse_path(bad), Err(PathError::Invalid(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            parse_path("file:///C:/Users/x"),
+            Err(PathError::ForeignOs(
+                "'file:///C:/Users/x' is invalid on 'linux'".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn formats_canonical_uris() {
+        let p = PathBuf::from(OsString::from_vec(b"/tmp/a b#?%/\xff\xc3\xa9".to_vec()));
+        let uri = to_file_uri(&p);
+        assert_eq!(uri, "file:///tmp/a%20b%23%3F%25/%FF%C3%A9");
+        assert_eq!(parse_path(&uri).unwrap(), p);
+    }
+}

@@ -1,0 +1,221 @@
+//! `process/*` params, results and notifications (PROTOCOL §4).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const START: &str = "process/start";
+pub const READ: &str = "process/read";
+pub const WRITE: &str = "process/write";
+pub const SIGNAL: &str = "process/signal";
+pub const RESIZE: &str = "process/resize";
+pub const TERMINATE: &str = "process/terminate";
+pub const OUTPUT: &str = "process/output";
+pub const EXITED: &str = "process/exited";
+pub const CLOSED: &str = "process/closed";
+
+/// Gating family label of every `process/*` method (§2.10).
+pub const FAMILY_LABEL: &str = "exec";
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartParams {
+    pub process_id: String,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub env: BTreeMap<String, String>,
+    pub tty: bool,
+    #[serde(default)]
+    pub pipe_stdin: Option<bool>,
+    #[serde(default)]
+    pub arg0: Option<String>,
+    #[serde(default)]
+    pub env_policy: Option<EnvPolicy>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub size: Option<TerminalSize>,
+    /// Unsupported (§4.12): non-null is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_proxy: Option<Value>,
+    /// Unsupported (§4.12): `true` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforce_managed_network: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvPolicy {
+    pub inherit: EnvInherit,
+    pub ignore_default_excludes: bool,
+    pub exclude: Vec<String>,
+    pub set: BTreeMap<String, String>,
+    pub include_only: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvInherit {
+    All,
+    Core,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SandboxType {
+    None,
+    LinuxSeccomp,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartResult {
+    pub process_id: String,
+    pub sandbox_type: SandboxType,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+    Pty,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadParams {
+    pub process_id: String,
+    #[serde(default)]
+    pub after_seq: Option<u64>,
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// One retained chunk. `C` is `String` when decoding and [`crate::jsonrpc`]-friendly
+/// borrowed base64 (e.g. [`Base64`]) when the server encodes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ReadChunk<C = String> {
+    pub seq: u64,
+    pub stream: OutputStream,
+    pub chunk: C,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadResult<C = String> {
+    pub chunks: Vec<ReadChunk<C>>,
+    pub next_seq: u64,
+    pub exited: bool,
+    pub exit_code: Option<i32>,
+    pub closed: bool,
+    pub failure: Option<String>,
+    pub sandbox_denied: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteParams {
+    pub process_id: String,
+    pub chunk: String,
+    #[serde(default)]
+    pub write_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WriteStatus {
+    Accepted,
+    UnknownProcess,
+    Starting,
+    StdinClosed,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct WriteResult {
+    pub status: WriteStatus,
+    /// The G1 member: `status == accepted`.
+    pub accepted: bool,
+}
+
+impl From<WriteStatus> for WriteResult {
+    fn from(status: WriteStatus) -> Self {
+        Self {
+            status,
+            accepted: status == WriteStatus::Accepted,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Signal {
+    Interrupt,
+    Terminate,
+    Kill,
+    Hangup,
+    Quit,
+    User1,
+    User2,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalParams {
+    pub process_id: String,
+    pub signal: Signal,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResizeParams {
+    pub process_id: String,
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TerminateParams {
+    pub process_id: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct TerminateResult {
+    pub running: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputNotification<C = String> {
+    pub process_id: String,
+    pub seq: u64,
+    pub stream: OutputStream,
+    pub chunk: C,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitedNotification {
+    pub process_id: String,
+    pub seq: u64,
+    pub exit_code: i32,
+    pub sandbox_denied: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClosedNotification {
+    pub process_id: String,
+    pub seq: u64,
+}

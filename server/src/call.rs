@@ -1,0 +1,100 @@
+//! [`Call`]: what a method handler may touch while it answers one request.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use exec_server_proto::RequestId;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::extensions::Extensions;
+use crate::session::Session;
+
+/// State shared by every request of one connection.
+pub(crate) struct ConnectionShared {
+    /// Per-connection plugin state (e.g. open file handles); dropped when the connection
+    /// ends, which is what closes them.
+    pub(crate) extensions: Extensions,
+    /// Cancelled when the connection ends; running requests are then abandoned.
+    pub(crate) closed: CancellationToken,
+    /// Limits how many requests may wait (long-poll) at once: `dispatch.max_waiting_reads`.
+    pub(crate) waiting: Arc<Semaphore>,
+}
+
+/// The context of one request.
+pub struct Call {
+    pub(crate) id: RequestId,
+    pub(crate) session: Arc<Session>,
+    pub(crate) generation: u64,
+    pub(crate) connection: Arc<ConnectionShared>,
+    pub(crate) response_queued: CancellationToken,
+    /// The `dispatch.max_in_flight` permit this request holds while it executes; released
+    /// by [`Call::park`] so waiting requests do not hold up others.
+    pub(crate) in_flight: Option<OwnedSemaphorePermit>,
+}
+
+/// Held while a request waits without counting against `dispatch.max_in_flight`.
+pub struct Parked {
+    _waiting: OwnedSemaphorePermit,
+}
+
+/// Resolves once the response of a request has been queued on its connection, so a plugin
+/// can hold back notifications that must follow it (PROTOCOL §2.9 ordering rule 4).
+#[derive(Clone)]
+pub struct ResponseQueued(CancellationToken);
+
+impl ResponseQueued {
+    /// Waits until the response is queued (or the request was abandoned).
+    pub async fn wait(&self) {
+        self.0.cancelled().await;
+    }
+}
+
+impl Call {
+    /// The request's id.
+    pub fn request_id(&self) -> &RequestId {
+        &self.id
+    }
+
+    /// The session the connection is attached to.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// The attach generation of this request's connection.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// True when another connection has taken the session over since this request arrived.
+    pub fn session_taken_over(&self) -> bool {
+        self.session.generation() != self.generation
+    }
+
+    /// Per-connection plugin state of type `T`, created by `init` on first use and dropped
+    /// when the connection ends.
+    pub fn connection_state<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> Arc<T> {
+        self.connection.extensions.get_or_insert_with(init)
+    }
+
+    /// Resolves when the connection ends.
+    pub async fn connection_closed(&self) {
+        self.connection.closed.cancelled().await;
+    }
+
+    /// A handle that resolves once this request's response is queued.
+    pub fn response_queued(&self) -> ResponseQueued {
+        ResponseQueued(self.response_queued.clone())
+    }
+
+    /// Stops counting this request against `dispatch.max_in_flight` while it waits.
+    /// Returns `None` when `dispatch.max_waiting_reads` requests already wait; the caller
+    /// must then answer at once (PROTOCOL §2.9).
+    pub fn park(&mut self) -> Option<Parked> {
+        let waiting = Arc::clone(&self.connection.waiting)
+            .try_acquire_owned()
+            .ok()?;
+        self.in_flight = None;
+        Some(Parked { _waiting: waiting })
+    }
+}

@@ -1,0 +1,300 @@
+//! The connection processor: one per connection, whatever the transport.
+//!
+//! It reads whole messages in arrival order, decodes them under the limits of PROTOCOL
+//! §2.5, runs the handshake strictly in order (§2.9), gates every other method (§3.3) and
+//! dispatches requests concurrently, at most `dispatch.max_in_flight` at a time. Responses
+//! and plugin notifications share one bounded outbound queue, which the transport drains.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use exec_server_proto::decode::oversized_detail;
+use exec_server_proto::initialize::{InitializeParams, InitializeResult, INITIALIZE, INITIALIZED};
+use exec_server_proto::jsonrpc::{encode_error, encode_result, parse_message};
+use exec_server_proto::{Incoming, RequestId, RpcError};
+use futures_util::{FutureExt, Stream, StreamExt};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::call::{Call, ConnectionShared};
+use crate::extensions::Extensions;
+use crate::plugin::{decode_params, encode_result as encode_value};
+use crate::server::ServerContext;
+use crate::session::{Outbound, Session};
+
+/// One unit a transport hands to the processor.
+#[derive(Debug)]
+pub enum Inbound {
+    /// One complete message (a stdio line, a WebSocket message, a relay message).
+    Message(bytes::Bytes),
+    /// A stdio line above `limits.max_message_bytes` that was discarded unread; answered
+    /// with an id -1 error (PROTOCOL §1.2).
+    Oversized,
+}
+
+/// What the processor needs to know about its transport.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    /// `stdio`, `websocket` or `relay`, for logs.
+    pub transport: &'static str,
+    /// Start of the id -1 message for malformed input, e.g.
+    /// `failed to parse JSON-RPC message from exec-server stdio` (PROTOCOL §2.6).
+    pub parse_error_prefix: String,
+    /// `true`: the session is detached when the connection ends (WebSocket, relay);
+    /// `false`: it ends with the connection (stdio).
+    pub detach_on_close: bool,
+    /// Largest message this connection may send (relay streams, PROTOCOL §2.5).
+    pub max_outbound_bytes: Option<usize>,
+}
+
+/// Serves one connection until its inbound stream ends or the server shuts down. The
+/// transport drains `outbound` (bounded by `connection.outbound_queue_messages`).
+pub async fn serve_connection<S>(
+    server: Arc<ServerContext>,
+    info: ConnectionInfo,
+    inbound: S,
+    outbound: mpsc::Sender<String>,
+) where
+    S: Stream<Item = Inbound> + Send + Unpin,
+{
+    let shared = Arc::new(ConnectionShared {
+        extensions: Extensions::default(),
+        closed: CancellationToken::new(),
+        waiting: Arc::new(Semaphore::new(server.core.dispatch.max_waiting_reads)),
+    });
+    let mut processor = Processor {
+        in_flight: Arc::new(Semaphore::new(server.core.dispatch.max_in_flight)),
+        server,
+        outbound: Outbound::new(outbound, info.max_outbound_bytes),
+        info,
+        shared,
+        session: None,
+        initialized: false,
+        tasks: JoinSet::new(),
+    };
+    tracing::debug!(transport = processor.info.transport, "connection opened");
+    processor.run(inbound).await;
+    processor.finish();
+}
+
+struct Processor {
+    server: Arc<ServerContext>,
+    info: ConnectionInfo,
+    outbound: Outbound,
+    shared: Arc<ConnectionShared>,
+    /// The attached session and the generation this connection attached with.
+    session: Option<(Arc<Session>, u64)>,
+    /// `initialized` was accepted: the connection is in the normal phase.
+    initialized: bool,
+    /// `dispatch.max_in_flight`: when no permit is left the reader pauses (back-pressure).
+    in_flight: Arc<Semaphore>,
+    /// Running requests; aborted when the connection ends, so they are never answered.
+    tasks: JoinSet<()>,
+}
+
+impl Processor {
+    async fn run<S: Stream<Item = Inbound> + Unpin>(&mut self, mut inbound: S) {
+        let shutdown = self.server.shutdown.clone();
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                next = inbound.next() => next,
+            };
+            let Some(frame) = next else { break };
+            match frame {
+                Inbound::Message(bytes) => self.handle_bytes(&bytes).await,
+                Inbound::Oversized => {
+                    let detail = oversized_detail(self.server.core.limits.max_message_bytes);
+                    self.reply_untied(RpcError::malformed(&self.info.parse_error_prefix, detail))
+                        .await;
+                }
+            }
+            while self.tasks.try_join_next().is_some() {}
+        }
+    }
+
+    fn finish(mut self) {
+        self.shared.closed.cancel();
+        self.tasks.abort_all();
+        self.shared.extensions.end_all();
+        if let Some((session, generation)) = self.session.take() {
+            if self.info.detach_on_close {
+                self.server.sessions.detach(&session, generation);
+            } else {
+                self.server.sessions.end(&session);
+            }
+        }
+        tracing::debug!(transport = self.info.transport, "connection closed");
+    }
+
+    async fn handle_bytes(&mut self, bytes: &[u8]) {
+        let message = match parse_message(bytes, &self.server.decode_limits) {
+            Ok(message) => message,
+            Err(detail) => {
+                let error = RpcError::malformed(&self.info.parse_error_prefix, detail);
+                return self.reply_untied(error).await;
+            }
+        };
+        match message {
+            Incoming::Request {
+                id,
+                method,
+                params,
+                trace: _,
+            } => self.handle_request(id, method, params).await,
+            Incoming::Notification { method, .. } => self.handle_notification(&method).await,
+            Incoming::Response { id } => {
+                tracing::debug!(?id, "dropping a response sent by the client");
+            }
+        }
+    }
+
+    async fn handle_notification(&mut self, method: &str) {
+        if method != INITIALIZED {
+            return self
+                .reply_untied(RpcError::unknown_notification(method))
+                .await;
+        }
+        match &self.session {
+            None => {
+                self.reply_untied(RpcError::initialized_before_initialize())
+                    .await
+            }
+            Some((session, generation)) if session.generation() != *generation => {
+                self.reply_untied(RpcError::session_resumed_elsewhere())
+                    .await
+            }
+            Some(_) => self.initialized = true,
+        }
+    }
+
+    async fn handle_request(&mut self, id: RequestId, method: String, params: Value) {
+        if method == INITIALIZE {
+            let result = self.initialize(params);
+            return self.reply(&id, result).await;
+        }
+        let Some(route) = self.server.router.get(&method) else {
+            return self
+                .reply(&id, Err(RpcError::unknown_method(&method)))
+                .await;
+        };
+        let Some(handler) = route.handler.clone() else {
+            return self
+                .reply(&id, Err(RpcError::method_disabled(&method)))
+                .await;
+        };
+        let family = route.family;
+        let (session, generation) = match &self.session {
+            None => {
+                return self
+                    .reply(&id, Err(RpcError::not_initialized(family)))
+                    .await
+            }
+            Some((session, generation)) => (Arc::clone(session), *generation),
+        };
+        if session.generation() != generation {
+            return self
+                .reply(&id, Err(RpcError::session_resumed_elsewhere()))
+                .await;
+        }
+        if !self.initialized {
+            return self
+                .reply(&id, Err(RpcError::not_initialized_notification(family)))
+                .await;
+        }
+
+        let permit = Arc::clone(&self.in_flight)
+            .acquire_owned()
+            .await
+            .expect("the in-flight semaphore is never closed");
+        let response_queued = CancellationToken::new();
+        let call = Call {
+            id: id.clone(),
+            session: Arc::clone(&session),
+            generation,
+            connection: Arc::clone(&self.shared),
+            response_queued: response_queued.clone(),
+            in_flight: Some(permit),
+        };
+        let outbound = self.outbound.clone();
+        let span = tracing::debug_span!("request", %method, %id);
+        self.tasks.spawn(
+            async move {
+                let outcome = AssertUnwindSafe(handler.call(call, params))
+                    .catch_unwind()
+                    .await;
+                let result = match outcome {
+                    Ok(result) if session.generation() != generation => {
+                        drop(result);
+                        Err(RpcError::session_resumed_elsewhere())
+                    }
+                    Ok(result) => result,
+                    Err(_) => {
+                        tracing::error!("method handler panicked");
+                        Err(RpcError::internal(format!(
+                            "internal error while handling `{method}`"
+                        )))
+                    }
+                };
+                if let Err(error) = &result {
+                    tracing::debug!(code = error.code, message = %error.message, "request failed");
+                }
+                send_reply(&outbound, &id, result).await;
+                response_queued.cancel();
+            }
+            .instrument(span),
+        );
+    }
+
+    fn initialize(&mut self, params: Value) -> Result<Box<RawValue>, RpcError> {
+        if self.session.is_some() {
+            return Err(RpcError::initialize_twice());
+        }
+        let params: InitializeParams = decode_params(params)?;
+        let sessions = &self.server.sessions;
+        let (session, generation) = match &params.resume_session_id {
+            Some(id) => sessions.resume(id, self.outbound.clone())?,
+            None => sessions.create(self.outbound.clone()),
+        };
+        tracing::info!(
+            transport = self.info.transport,
+            client = %params.client_name,
+            session = %session.id(),
+            resumed = params.resume_session_id.is_some(),
+            "session attached"
+        );
+        let result = InitializeResult {
+            session_id: session.id().to_owned(),
+        };
+        self.session = Some((session, generation));
+        encode_value(&result)
+    }
+
+    async fn reply(&self, id: &RequestId, result: Result<Box<RawValue>, RpcError>) {
+        send_reply(&self.outbound, id, result).await;
+    }
+
+    async fn reply_untied(&self, error: RpcError) {
+        self.reply(&RequestId::UNTIED, Err(error)).await;
+    }
+}
+
+/// Encodes and queues one response, waiting for room in the outbound queue.
+async fn send_reply(outbound: &Outbound, id: &RequestId, result: Result<Box<RawValue>, RpcError>) {
+    let mut frame = match &result {
+        Ok(raw) => encode_result(id, raw),
+        Err(error) => encode_error(id, error),
+    };
+    if let Some(limit) = outbound.max_bytes {
+        if frame.len() > limit {
+            frame = encode_error(id, &RpcError::response_too_large(frame.len(), limit));
+        }
+    }
+    // A closed queue means the connection is gone; its requests go unanswered (§3.5).
+    let _ = outbound.tx.send(frame).await;
+}

@@ -1,0 +1,32 @@
+//! exec-server core: the plugin framework every method family and transport plugs into.
+//!
+//! * [`plugin`] — [`Plugin`] records collected through `inventory`, typed method adapters.
+//! * [`router`] — the method registry with the operator's switches (PROTOCOL §2.10).
+//! * [`call`] — [`Call`], what a handler may touch: session, connection state, back-pressure.
+//! * [`session`] — sessions that outlive connections: detach, resume, expiry (§3.4).
+//! * [`extensions`] — typed per-plugin state and the session-end hook.
+//! * [`connection`] — the transport-agnostic connection processor (§2.9, §3).
+//! * [`server`] — the shared [`ServerContext`], listener registry, start-up and shutdown.
+//! * [`transport`] — the stdio and WebSocket listeners.
+//! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
+
+pub mod call;
+pub mod connection;
+pub mod extensions;
+pub mod helpers;
+pub mod plugin;
+pub mod router;
+pub mod server;
+pub mod session;
+pub mod transport;
+
+pub use async_trait::async_trait;
+pub use call::{Call, Parked, ResponseQueued};
+pub use exec_server_config as config;
+pub use exec_server_proto as proto;
+pub use extensions::SessionState;
+pub use inventory;
+pub use plugin::{typed_section, Install, InstallError, Method, MethodDecl, NoParams, Plugin};
+pub use router::StartupError;
+pub use server::{ListenerKind, ServerContext};
+pub use session::Session;

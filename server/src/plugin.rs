@@ -1,0 +1,234 @@
+//! The plugin API: how a method family registers itself and its handlers.
+//!
+//! A plugin is a `static` [`Plugin`] record submitted to `inventory`. It declares its
+//! methods up front (so a disabled plugin's methods stay known and answer "disabled"), and
+//! its `install` function — run only when the plugin is enabled — reads the plugin's config
+//! table, builds its state and attaches a handler to every declared method.
+//!
+//! ```ignore
+//! inventory::submit! {
+//!     Plugin {
+//!         name: "hello",
+//!         summary: "says hello",
+//!         methods: &[MethodDecl { name: "hello/greet", family: "hello" }],
+//!         config: Some(typed_section::<HelloConfig>),
+//!         install,
+//!     }
+//! }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use exec_server_config::{ConfigError, ConfigSource, CoreConfig};
+use exec_server_proto::RpcError;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::call::Call;
+
+/// One method a plugin answers.
+#[derive(Debug, Clone, Copy)]
+pub struct MethodDecl {
+    /// Wire name, e.g. `process/start`.
+    pub name: &'static str,
+    /// Family label used in handshake gating errors, e.g. `exec` (PROTOCOL §2.10).
+    pub family: &'static str,
+}
+
+/// A method family, registered with `inventory::submit!`.
+#[derive(Debug)]
+pub struct Plugin {
+    /// The plugin's name: its `[plugins.<name>]` switch and its own config table `[<name>]`.
+    pub name: &'static str,
+    /// One line for `exec-server methods`.
+    pub summary: &'static str,
+    /// Every method the plugin answers.
+    pub methods: &'static [MethodDecl],
+    /// Decodes the plugin's config table into its effective value (defaults filled in), or
+    /// `None` if the plugin has no table. Run at start-up whether or not the plugin is
+    /// enabled, so a misspelt key is always an error; see [`typed_section`].
+    pub config: Option<fn(&ConfigSource, &str) -> Result<Value, ConfigError>>,
+    /// Builds the plugin's state and registers its handlers. Runs only when enabled.
+    pub install: fn(&mut Install<'_>) -> Result<(), InstallError>,
+}
+
+inventory::collect!(Plugin);
+
+/// Every plugin linked into this binary, sorted by name.
+pub fn plugins() -> Vec<&'static Plugin> {
+    let mut all: Vec<&'static Plugin> = inventory::iter::<Plugin>.into_iter().collect();
+    all.sort_by_key(|p| p.name);
+    all
+}
+
+/// The `config` function of a plugin whose table decodes into `T` (use
+/// `#[serde(default, deny_unknown_fields)]` on `T` to refuse misspelt keys).
+pub fn typed_section<T: DeserializeOwned + Serialize>(
+    source: &ConfigSource,
+    table: &str,
+) -> Result<Value, ConfigError> {
+    let typed: T = source.section(table)?;
+    Ok(serde_json::to_value(typed).expect("a config section always serializes"))
+}
+
+/// A plugin could not be installed; the server does not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallError(pub String);
+
+impl std::fmt::Display for InstallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InstallError {}
+
+impl From<ConfigError> for InstallError {
+    fn from(e: ConfigError) -> Self {
+        Self(e.0)
+    }
+}
+
+/// A type-erased method handler. Most plugins use the typed adapters on [`Install`]
+/// instead of implementing this directly.
+#[async_trait]
+pub trait Method: Send + Sync + 'static {
+    /// Answers one request; the result is already serialized.
+    async fn call(&self, cx: Call, params: Value) -> Result<Box<RawValue>, RpcError>;
+}
+
+/// What `install` gets: the configuration and the place to register handlers.
+pub struct Install<'a> {
+    pub(crate) plugin: &'static Plugin,
+    pub(crate) source: &'a ConfigSource,
+    pub(crate) core: &'a CoreConfig,
+    pub(crate) handlers: Vec<(&'static str, Arc<dyn Method>)>,
+    pub(crate) errors: Vec<String>,
+}
+
+impl<'a> Install<'a> {
+    /// The plugin being installed.
+    pub fn plugin(&self) -> &'static Plugin {
+        self.plugin
+    }
+
+    /// The plugin's own config table `[<plugin name>]`, decoded as `T`.
+    pub fn config<T: DeserializeOwned>(&self) -> Result<T, InstallError> {
+        Ok(self.source.section(self.plugin.name)?)
+    }
+
+    /// The layered configuration, for plugins that read other tables.
+    pub fn config_source(&self) -> &'a ConfigSource {
+        self.source
+    }
+
+    /// The core configuration (limits, session TTL, …).
+    pub fn core_config(&self) -> &'a CoreConfig {
+        self.core
+    }
+
+    /// Registers a type-erased handler for a declared method.
+    pub fn method_raw(&mut self, name: &'static str, handler: Arc<dyn Method>) {
+        if !self.plugin.methods.iter().any(|m| m.name == name) {
+            self.errors.push(format!(
+                "plugin `{}` registers `{name}`, which it does not declare",
+                self.plugin.name
+            ));
+        }
+        if self.handlers.iter().any(|(n, _)| *n == name) {
+            self.errors.push(format!(
+                "plugin `{}` registers `{name}` twice",
+                self.plugin.name
+            ));
+        }
+        self.handlers.push((name, handler));
+    }
+
+    /// Registers a typed handler: params decode from JSON as `P` (-32602 with the decoder's
+    /// text on failure) and the result is serialized from `R`.
+    pub fn method<P, R, F, Fut>(&mut self, name: &'static str, handler: F)
+    where
+        P: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        F: Fn(Call, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, RpcError>> + Send + 'static,
+    {
+        self.method_raw(
+            name,
+            Arc::new(TypedMethod {
+                handler,
+                _types: std::marker::PhantomData,
+            }),
+        );
+    }
+
+    /// Like [`Install::method`] for handlers written as `async fn(Arc<S>, Call, P)` on a
+    /// plugin's shared state.
+    pub fn method_with<S, P, R, F, Fut>(&mut self, name: &'static str, state: &Arc<S>, handler: F)
+    where
+        S: Send + Sync + 'static,
+        P: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        F: Fn(Arc<S>, Call, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, RpcError>> + Send + 'static,
+    {
+        let state = Arc::clone(state);
+        self.method(name, move |cx, params| {
+            handler(Arc::clone(&state), cx, params)
+        });
+    }
+}
+
+struct TypedMethod<F, P, R> {
+    handler: F,
+    _types: std::marker::PhantomData<fn(P) -> R>,
+}
+
+#[async_trait]
+impl<P, R, F, Fut> Method for TypedMethod<F, P, R>
+where
+    P: DeserializeOwned + Send + 'static,
+    R: Serialize + Send + 'static,
+    F: Fn(Call, P) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, RpcError>> + Send + 'static,
+{
+    async fn call(&self, cx: Call, params: Value) -> Result<Box<RawValue>, RpcError> {
+        let params = decode_params::<P>(params)?;
+        let result = (self.handler)(cx, params).await?;
+        encode_result(&result)
+    }
+}
+
+/// Decodes `params` as `P`; failures are -32602 with the decoder's text (PROTOCOL §2.3).
+pub fn decode_params<P: DeserializeOwned>(params: Value) -> Result<P, RpcError> {
+    if matches!(params, Value::Array(_)) {
+        return Err(RpcError::invalid_params("params must be an object"));
+    }
+    serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))
+}
+
+/// Serializes a result once, into the raw JSON the response frame embeds.
+pub fn encode_result<R: Serialize>(result: &R) -> Result<Box<RawValue>, RpcError> {
+    serde_json::value::to_raw_value(result)
+        .map_err(|e| RpcError::internal(format!("failed to encode result: {e}")))
+}
+
+/// Params of methods that take none: a missing `params`, `null`, or any object
+/// (PROTOCOL §2.3).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoParams;
+
+impl<'de> serde::Deserialize<'de> for NoParams {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Null | Value::Object(_) => Ok(NoParams),
+            _ => Err(serde::de::Error::custom(
+                "params must be null or an object for a method without parameters",
+            )),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The method registry: which plugin answers which method, and whether the operator switched
+//! it off (PROTOCOL §2.10).
+//!
+//! Building it has two steps. [`MethodPlan::new`] checks the plugins against each other and
+//! against the operator's switches without running any plugin code, so `exec-server
+//! methods` can print it. [`Router::install`] then runs the `install` function of every
+//! enabled plugin and attaches handlers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use exec_server_config::core::CORE_TABLES;
+use exec_server_config::{ConfigError, ConfigSource, CoreConfig};
+use exec_server_proto::initialize::{INITIALIZE, INITIALIZED};
+
+use crate::plugin::{Install, Method, Plugin};
+
+/// Why the server cannot start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupError(pub String);
+
+impl std::fmt::Display for StartupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartupError {}
+
+impl From<ConfigError> for StartupError {
+    fn from(e: ConfigError) -> Self {
+        Self(e.0)
+    }
+}
+
+/// One registered method, as `exec-server methods` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MethodEntry {
+    pub name: &'static str,
+    pub plugin: &'static str,
+    pub family: &'static str,
+    pub enabled: bool,
+}
+
+/// The checked registry before any plugin runs.
+#[derive(Debug)]
+pub struct MethodPlan {
+    pub plugins: Vec<(&'static Plugin, bool)>,
+    pub methods: Vec<MethodEntry>,
+    /// Each plugin's effective config table, by plugin name.
+    pub plugin_config: BTreeMap<&'static str, serde_json::Value>,
+}
+
+impl MethodPlan {
+    /// Checks `plugins` and the operator switches of `core` (every switch must match
+    /// something; `initialize` cannot be disabled; unknown top-level tables are errors).
+    pub fn new(
+        source: &ConfigSource,
+        core: &CoreConfig,
+        plugins: &[&'static Plugin],
+    ) -> Result<Self, StartupError> {
+        let mut owner: HashMap<&str, &str> = HashMap::new();
+        let mut names: HashMap<&str, ()> = HashMap::new();
+        for plugin in plugins {
+            if names.insert(plugin.name, ()).is_some() {
+                return Err(StartupError(format!(
+                    "plugin `{}` is registered twice",
+                    plugin.name
+                )));
+            }
+            if CORE_TABLES.contains(&plugin.name) {
+                return Err(StartupError(format!(
+                    "plugin name `{}` collides with a core config table",
+                    plugin.name
+                )));
+            }
+            for method in plugin.methods {
+                if method.name == INITIALIZE || method.name == INITIALIZED {
+                    return Err(StartupError(format!(
+                        "plugin `{}` may not register `{}`",
+                        plugin.name, method.name
+                    )));
+                }
+                if let Some(other) = owner.insert(method.name, plugin.name) {
+                    return Err(StartupError(format!(
+                        "method `{}` is registered by both `{other}` and `{}`",
+                        method.name, plugin.name
+                    )));
+                }
+            }
+        }
+
+        for (table, origin) in source.tables() {
+            if !CORE_TABLES.contains(&table.as_str()) && !names.contains_key(table.as_str()) {
+                return Err(StartupError(format!(
+                    "invalid config: unknown key {table}{origin}"
+                )));
+            }
+        }
+        for name in core.plugins.keys() {
+            if !names.contains_key(name.as_str()) {
+                return Err(source
+                    .invalid(&format!("plugins.{name}"), "names no plugin of this server")
+                    .into());
+            }
+        }
+        for entry in &core.methods.disabled {
+            if entry == INITIALIZE {
+                return Err(source
+                    .invalid("methods.disabled", "cannot disable `initialize`")
+                    .into());
+            }
+            if !owner.keys().any(|m| switch_matches(entry, m)) {
+                return Err(source
+                    .invalid(
+                        "methods.disabled",
+                        format!("entry `{entry}` matches no method of this server"),
+                    )
+                    .into());
+            }
+        }
+
+        let mut plugin_config = BTreeMap::new();
+        let mut plan_plugins = Vec::new();
+        let mut methods = Vec::new();
+        for &plugin in plugins {
+            if let Some(config) = plugin.config {
+                plugin_config.insert(plugin.name, config(source, plugin.name)?);
+            }
+            let plugin_on = core.plugins.get(plugin.name).is_none_or(|s| s.enabled);
+            plan_plugins.push((plugin, plugin_on));
+            for method in plugin.methods {
+                let switched_off = core
+                    .methods
+                    .disabled
+                    .iter()
+                    .any(|entry| switch_matches(entry, method.name));
+                methods.push(MethodEntry {
+                    name: method.name,
+                    plugin: plugin.name,
+                    family: method.family,
+                    enabled: plugin_on && !switched_off,
+                });
+            }
+        }
+        methods.sort_by_key(|m| m.name);
+        Ok(Self {
+            plugins: plan_plugins,
+            methods,
+            plugin_config,
+        })
+    }
+}
+
+/// `fs/*` matches every method starting with `fs/`; anything else matches exactly.
+fn switch_matches(entry: &str, method: &str) -> bool {
+    match entry.strip_suffix('*') {
+        Some(prefix) if prefix.ends_with('/') => method.starts_with(prefix),
+        _ => entry == method,
+    }
+}
+
+/// How a method is answered.
+pub struct Route {
+    pub plugin: &'static str,
+    pub family: &'static str,
+    /// `None` when the operator disabled the method (it answers -32601 "disabled").
+    pub handler: Option<Arc<dyn Method>>,
+}
+
+/// The installed method table.
+pub struct Router {
+    routes: HashMap<&'static str, Route>,
+}
+
+impl Router {
+    /// Installs every enabled plugin of `plan` and attaches its handlers.
+    pub fn install(
+        plan: &MethodPlan,
+        source: &ConfigSource,
+        core: &CoreConfig,
+    ) -> Result<Self, StartupError> {
+        let mut routes = HashMap::new();
+        for &(plugin, enabled) in &plan.plugins {
+            let mut handlers = HashMap::new();
+            if enabled {
+                let mut install = Install {
+                    plugin,
+                    source,
+                    core,
+                    handlers: Vec::new(),
+                    errors: Vec::new(),
+                };
+                (plugin.install)(&mut install).map_err(|e| {
+                    StartupError(format!("plugin `{}` failed to start: {e}", plugin.name))
+                })?;
+                if let Some(error) = install.errors.into_iter().next() {
+                    return Err(StartupError(error));
+                }
+                handlers = install.handlers.into_iter().collect();
+                tracing::debug!(plugin = plugin.name, "plugin installed");
+            }
+            for method in plugin.methods {
+                let entry = plan
+                    .methods
+                    .iter()
+                    .find(|m| m.name == method.name)
+                    .expect("the plan lists every declared method");
+                let handler = handlers.remove(method.name);
+                if enabled && handler.is_none() {
+                    return Err(StartupError(format!(
+                        "plugin `{}` declares `{}` but registered no handler for it",
+                        plugin.name, method.name
+                    )));
+                }
+                routes.insert(
+                    method.name,
+                    Route {
+                        plugin: plugin.name,
+                        family: method.family,
+                        handler: if entry.enabled { handler } else { None },
+                    },
+                );
+            }
+        }
+        Ok(Self { routes })
+    }
+
+    /// The route of `method`, if any plugin declares it.
+    pub fn get(&self, method: &str) -> Option<&Route> {
+        self.routes.get(method)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::switch_matches;
+
+    #[test]
+    fn family_patterns_match_by_prefix() {
+        assert!(switch_matches("fs/*", "fs/readFile"));
+        assert!(!switch_matches("fs/*", "fsx/readFile"));
+        assert!(switch_matches("fs/remove", "fs/remove"));
+        assert!(!switch_matches("fs/remov", "fs/remove"));
+        assert!(!switch_matches("*", "fs/remove"));
+    }
+}

@@ -1,0 +1,165 @@
+//! Assembling and running a server: plugins installed, listeners bound, shutdown handled
+//! (PROTOCOL §1.1, §1.5).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use exec_server_config::{ConfigSource, CoreConfig};
+use exec_server_proto::decode::DecodeLimits;
+use tokio_util::sync::CancellationToken;
+
+use crate::plugin::plugins;
+use crate::router::{MethodPlan, Router, StartupError};
+use crate::session::SessionRegistry;
+
+/// What every connection of a server shares.
+pub struct ServerContext {
+    pub core: CoreConfig,
+    pub router: Router,
+    pub sessions: Arc<SessionRegistry>,
+    pub decode_limits: DecodeLimits,
+    /// Cancelled when shutdown begins (signal, or end of the stdio connection).
+    pub shutdown: CancellationToken,
+    /// `false` once shutdown has begun: `/readyz` answers 503.
+    ready: AtomicBool,
+}
+
+impl ServerContext {
+    /// Builds the context: checks the method plan and installs every enabled plugin.
+    pub fn new(source: &ConfigSource, core: CoreConfig) -> Result<Arc<Self>, StartupError> {
+        let plan = MethodPlan::new(source, &core, &plugins())?;
+        let router = Router::install(&plan, source, &core)?;
+        Ok(Arc::new(Self {
+            sessions: SessionRegistry::new(Duration::from_millis(core.session.detached_ttl_ms)),
+            decode_limits: DecodeLimits {
+                max_message_bytes: core.limits.max_message_bytes,
+                max_json_values: core.limits.max_json_values,
+            },
+            core,
+            router,
+            shutdown: CancellationToken::new(),
+            ready: AtomicBool::new(true),
+        }))
+    }
+
+    /// True until shutdown begins.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Begins shutdown: stop accepting, kill every session's processes, close connections.
+    pub fn begin_shutdown(&self) {
+        if self.ready.swap(false, Ordering::SeqCst) {
+            tracing::info!("shutting down");
+        }
+        self.shutdown.cancel();
+        self.sessions.end_all();
+    }
+}
+
+/// A bound-or-bindable way in: one per `--listen` URL.
+#[async_trait]
+pub trait Listener: Send {
+    /// Binds. Returns the line to announce on stdout once every listener is bound
+    /// (`ws://IP:PORT`), if this listener has one.
+    async fn bind(&mut self) -> Result<Option<String>, StartupError>;
+
+    /// True when the listener speaks on the server's stdout (stdio), so announcements
+    /// must go to stderr instead.
+    fn owns_stdout(&self) -> bool {
+        false
+    }
+
+    /// Serves connections until the server shuts down.
+    async fn serve(self: Box<Self>, server: Arc<ServerContext>);
+}
+
+/// A listener transport, registered with `inventory::submit!` and chosen by URL.
+#[derive(Debug)]
+pub struct ListenerKind {
+    /// `stdio` (matches `stdio` and `stdio://`) or a URL scheme such as `ws`.
+    pub scheme: &'static str,
+    /// Validates the URL and creates the (unbound) listener.
+    pub open: fn(&str, &Arc<ServerContext>) -> Result<Box<dyn Listener>, StartupError>,
+}
+
+inventory::collect!(ListenerKind);
+
+fn scheme_of(url: &str) -> &str {
+    if url == "stdio" {
+        return "stdio";
+    }
+    url.split_once("://").map_or("", |(scheme, _)| scheme)
+}
+
+/// Creates the listeners for `urls` (at most one stdio listener).
+pub fn open_listeners(
+    urls: &[String],
+    server: &Arc<ServerContext>,
+) -> Result<Vec<Box<dyn Listener>>, StartupError> {
+    let kinds: Vec<&ListenerKind> = inventory::iter::<ListenerKind>.into_iter().collect();
+    let mut listeners = Vec::new();
+    let mut stdio_seen = false;
+    for url in urls {
+        let scheme = scheme_of(url);
+        let kind = kinds.iter().find(|k| k.scheme == scheme).ok_or_else(|| {
+            StartupError(format!(
+                "unsupported --listen URL `{url}`; expected `ws://IP:PORT` or `stdio`"
+            ))
+        })?;
+        if scheme == "stdio" {
+            if stdio_seen {
+                return Err(StartupError(
+                    "at most one stdio listener may be configured".into(),
+                ));
+            }
+            stdio_seen = true;
+        }
+        listeners.push((kind.open)(url, server)?);
+    }
+    Ok(listeners)
+}
+
+/// Binds every listener, announces the WebSocket addresses, serves until shutdown begins
+/// (a signal, `shutdown`, or the end of stdio), then shuts down per PROTOCOL §1.5.
+pub async fn run(
+    server: Arc<ServerContext>,
+    mut listeners: Vec<Box<dyn Listener>>,
+    external_shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartupError> {
+    let mut announcements = Vec::new();
+    for listener in &mut listeners {
+        if let Some(line) = listener.bind().await? {
+            announcements.push(line);
+        }
+    }
+    let announce_on_stderr = listeners.iter().any(|l| l.owns_stdout());
+    for line in announcements {
+        if announce_on_stderr {
+            eprintln!("{line}");
+        } else {
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{line}");
+            let _ = stdout.flush();
+        }
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for listener in listeners {
+        tasks.spawn(listener.serve(Arc::clone(&server)));
+    }
+    tokio::select! {
+        _ = external_shutdown => {}
+        _ = server.shutdown.cancelled() => {}
+    }
+    server.begin_shutdown();
+    // Listeners stop on the cancelled token; give them a moment to close their sockets.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
+}

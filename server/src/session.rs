@@ -1,0 +1,318 @@
+//! Sessions and the registry that outlives connections (PROTOCOL §3.4).
+//!
+//! A session is created by `initialize`, attached to one connection at a time, detached when
+//! that connection ends and either resumed by a later `initialize{resumeSessionId}` or
+//! expired after `session.detached_ttl_ms`. Plugins keep per-session state in it and send
+//! notifications through it, to whichever connection it is attached to at that moment.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use exec_server_proto::jsonrpc::encode_notification;
+use exec_server_proto::RpcError;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::extensions::{Extensions, SessionState};
+
+/// The outbound queue of one connection: encoded JSON messages, bounded by
+/// `connection.outbound_queue_messages`, so a slow client makes its producers wait.
+#[derive(Clone)]
+pub struct Outbound {
+    pub(crate) tx: mpsc::Sender<String>,
+    /// Largest message this connection may send (relay streams only, PROTOCOL §2.5).
+    pub(crate) max_bytes: Option<usize>,
+}
+
+impl Outbound {
+    pub fn new(tx: mpsc::Sender<String>, max_bytes: Option<usize>) -> Self {
+        Self { tx, max_bytes }
+    }
+}
+
+struct Attachment {
+    /// Bumped on every attach, so a connection can tell it was superseded.
+    generation: u64,
+    /// `Some` while attached.
+    outbound: Option<Outbound>,
+    /// Set while detached: when the session expires.
+    deadline: Option<Instant>,
+    ended: bool,
+}
+
+/// One session: its id, its attachment, and the plugins' state.
+pub struct Session {
+    id: String,
+    attachment: Mutex<Attachment>,
+    extensions: Extensions,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    fn new(id: String, outbound: Outbound) -> Self {
+        Self {
+            id,
+            attachment: Mutex::new(Attachment {
+                generation: 1,
+                outbound: Some(outbound),
+                deadline: None,
+                ended: false,
+            }),
+            extensions: Extensions::default(),
+        }
+    }
+
+    /// The session id (a UUID v4).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The plugin state of type `T` for this session, created by `init` on first use. Its
+    /// [`SessionState::session_ended`] hook runs when the session ends.
+    pub fn state<T: SessionState>(&self, init: impl FnOnce() -> T) -> Arc<T> {
+        self.extensions.get_or_insert_state(init)
+    }
+
+    /// The plugin state of type `T`, if it was created.
+    pub fn existing_state<T: SessionState>(&self) -> Option<Arc<T>> {
+        self.extensions.get::<T>()
+    }
+
+    /// True while a connection is attached.
+    pub fn is_attached(&self) -> bool {
+        self.lock().outbound.is_some()
+    }
+
+    /// True once the session expired or the server shut down.
+    pub fn is_ended(&self) -> bool {
+        self.lock().ended
+    }
+
+    /// The current attach generation; compare with [`crate::Call::generation`].
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Sends a notification to the attached connection, waiting for room in its outbound
+    /// queue (back-pressure). Returns `false` when nothing was sent: the session is
+    /// detached (notifications are not produced then, PROTOCOL §3.4) or the connection
+    /// went away.
+    pub async fn notify<P: Serialize + ?Sized>(&self, method: &str, params: &P) -> bool {
+        let Some(outbound) = self.lock().outbound.clone() else {
+            return false;
+        };
+        let frame = match encode_notification(method, params) {
+            Ok(frame) => frame,
+            Err(e) => {
+                tracing::error!(method, error = %e, "failed to encode notification");
+                return false;
+            }
+        };
+        if let Some(limit) = outbound.max_bytes {
+            if frame.len() > limit {
+                tracing::error!(
+                    method,
+                    size = frame.len(),
+                    limit,
+                    "notification too large to send"
+                );
+                return false;
+            }
+        }
+        outbound.tx.send(frame).await.is_ok()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Attachment> {
+        self.attachment.lock().expect("session lock")
+    }
+}
+
+/// All sessions of the server, shared by every listener.
+pub struct SessionRegistry {
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    detached_ttl: Duration,
+}
+
+impl SessionRegistry {
+    pub fn new(detached_ttl: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            sessions: Mutex::new(HashMap::new()),
+            detached_ttl,
+        })
+    }
+
+    /// Creates a session attached to `outbound`; returns it with its attach generation.
+    pub fn create(&self, outbound: Outbound) -> (Arc<Session>, u64) {
+        let id = uuid::Uuid::new_v4().to_string();
+        let session = Arc::new(Session::new(id.clone(), outbound));
+        self.lock().insert(id, Arc::clone(&session));
+        (session, 1)
+    }
+
+    /// Takes over a detached session (PROTOCOL §3.4, checks in the spec's order).
+    pub fn resume(&self, id: &str, outbound: Outbound) -> Result<(Arc<Session>, u64), RpcError> {
+        let session = self
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RpcError::unknown_session(id))?;
+        let mut attachment = session.lock();
+        if attachment.ended {
+            return Err(RpcError::unknown_session(id));
+        }
+        if attachment.deadline.is_some_and(|d| d <= Instant::now()) {
+            drop(attachment);
+            self.end(&session);
+            return Err(RpcError::unknown_session(id));
+        }
+        if attachment.outbound.is_some() {
+            return Err(RpcError::session_attached(id));
+        }
+        attachment.generation += 1;
+        attachment.outbound = Some(outbound);
+        attachment.deadline = None;
+        let generation = attachment.generation;
+        drop(attachment);
+        Ok((session, generation))
+    }
+
+    /// Detaches `session` from the connection of `generation` (a no-op if another
+    /// connection took it over since) and starts its expiry timer.
+    pub fn detach(self: &Arc<Self>, session: &Arc<Session>, generation: u64) {
+        let deadline = Instant::now() + self.detached_ttl;
+        {
+            let mut attachment = session.lock();
+            if attachment.generation != generation || attachment.ended {
+                return;
+            }
+            attachment.outbound = None;
+            attachment.deadline = Some(deadline);
+        }
+        tracing::debug!(session = %session.id, "session detached");
+        let registry = Arc::downgrade(self);
+        let session = Arc::downgrade(session);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            let (Some(registry), Some(session)) = (registry.upgrade(), session.upgrade()) else {
+                return;
+            };
+            let expired = {
+                let attachment = session.lock();
+                attachment.generation == generation && attachment.outbound.is_none()
+            };
+            if expired {
+                tracing::info!(session = %session.id, "detached session expired");
+                registry.end(&session);
+            }
+        });
+    }
+
+    /// Ends a session: removes it and runs the plugins' `session_ended` hooks.
+    pub fn end(&self, session: &Arc<Session>) {
+        {
+            let mut attachment = session.lock();
+            if attachment.ended {
+                return;
+            }
+            attachment.ended = true;
+            attachment.outbound = None;
+        }
+        self.lock().remove(&session.id);
+        session.extensions.end_all();
+    }
+
+    /// Ends every session (server shutdown).
+    pub fn end_all(&self) {
+        let all: Vec<Arc<Session>> = self.lock().values().cloned().collect();
+        for session in all {
+            self.end(&session);
+        }
+    }
+
+    /// Number of live sessions.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when there are no sessions.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().expect("session registry lock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn outbound() -> (Outbound, mpsc::Receiver<String>) {
+        let (tx, rx) = mpsc::channel(4);
+        (Outbound::new(tx, None), rx)
+    }
+
+    #[derive(Default)]
+    struct Counter(Arc<AtomicUsize>);
+    impl SessionState for Counter {
+        fn session_ended(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn detach_resume_and_expire() {
+        let registry = SessionRegistry::new(Duration::from_secs(30));
+        let (out, _rx) = outbound();
+        let (session, generation) = registry.create(out);
+        let ended = Arc::new(AtomicUsize::new(0));
+        session.state(|| Counter(ended.clone()));
+        let id = session.id().to_owned();
+
+        let (out2, _rx2) = outbound();
+        let err = registry.resume(&id, out2.clone()).unwrap_err();
+        assert_eq!(err.code, -32010);
+
+        registry.detach(&session, generation);
+        tokio::time::advance(Duration::from_secs(29)).await;
+        let (resumed, generation2) = registry.resume(&id, out2).unwrap();
+        assert_eq!(generation2, 2);
+        assert!(Arc::ptr_eq(&resumed, &session));
+
+        registry.detach(&session, generation2);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
+        let (out3, _rx3) = outbound();
+        assert_eq!(
+            registry.resume(&id, out3).unwrap_err().message,
+            format!("unknown session id {id}")
+        );
+        assert!(registry.is_empty());
+    }
+
+    #[tokio::test]
+    async fn notifications_go_to_the_attached_connection_only() {
+        let registry = SessionRegistry::new(Duration::from_secs(30));
+        let (out, mut rx) = outbound();
+        let (session, generation) = registry.create(out);
+        assert!(session.notify("a/b", &serde_json::json!({"x": 1})).await);
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            r#"{"method":"a/b","params":{"x":1}}"#
+        );
+        registry.detach(&session, generation);
+        assert!(!session.notify("a/b", &serde_json::json!({})).await);
+    }
+}

@@ -1,0 +1,207 @@
+//! The stdio transport (PROTOCOL §1.2): one JSON message per line on stdin, one per line on
+//! stdout. End of stdin shuts the whole server down.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::mpsc;
+
+use crate::connection::{serve_connection, ConnectionInfo, Inbound};
+use crate::router::StartupError;
+use crate::server::{Listener, ListenerKind, ServerContext};
+
+inventory::submit! {
+    ListenerKind { scheme: "stdio", open: open_stdio }
+}
+
+fn open_stdio(url: &str, _: &Arc<ServerContext>) -> Result<Box<dyn Listener>, StartupError> {
+    if url != "stdio" && url != "stdio://" {
+        return Err(StartupError(format!(
+            "unsupported --listen URL `{url}`; expected `ws://IP:PORT` or `stdio`"
+        )));
+    }
+    Ok(Box::new(StdioListener))
+}
+
+struct StdioListener;
+
+#[async_trait]
+impl Listener for StdioListener {
+    async fn bind(&mut self) -> Result<Option<String>, StartupError> {
+        Ok(None)
+    }
+
+    fn owns_stdout(&self) -> bool {
+        true
+    }
+
+    async fn serve(self: Box<Self>, server: Arc<ServerContext>) {
+        serve_stdio(server, tokio::io::stdin(), tokio::io::stdout()).await;
+    }
+}
+
+/// Serves one stdio-style connection over `input`/`output`, then shuts the server down.
+pub async fn serve_stdio<R, W>(server: Arc<ServerContext>, input: R, output: W)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(server.core.connection.outbound_queue_messages);
+    let writer = tokio::spawn(write_lines(rx, output));
+    let lines = LineReader::new(input, server.core.limits.max_message_bytes);
+    let info = ConnectionInfo {
+        transport: "stdio",
+        parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".into(),
+        detach_on_close: false,
+        max_outbound_bytes: None,
+    };
+    serve_connection(Arc::clone(&server), info, Box::pin(lines.into_stream()), tx).await;
+    // The stdio peer owns the server's lifetime (PROTOCOL §1.2).
+    server.begin_shutdown();
+    writer.abort();
+}
+
+/// Writes each message followed by `\n`, flushing whenever the queue is momentarily empty
+/// (so a burst costs one flush, and a lone message is flushed at once).
+async fn write_lines<W: AsyncWrite + Unpin>(mut rx: mpsc::Receiver<String>, output: W) {
+    let mut out = BufWriter::with_capacity(64 * 1024, output);
+    while let Some(frame) = rx.recv().await {
+        if write_frame(&mut out, &frame).await.is_err() {
+            return;
+        }
+        while let Ok(frame) = rx.try_recv() {
+            if write_frame(&mut out, &frame).await.is_err() {
+                return;
+            }
+        }
+        if out.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(out: &mut W, frame: &str) -> std::io::Result<()> {
+    out.write_all(frame.as_bytes()).await?;
+    out.write_all(b"\n").await
+}
+
+/// Splits input into lines without ever buffering more than the line limit: a longer line
+/// is skipped up to its `\n` and reported as [`Inbound::Oversized`].
+pub struct LineReader<R> {
+    input: R,
+    buf: BytesMut,
+    /// Bytes of `buf` already known to hold no `\n`.
+    scanned: usize,
+    /// Inside an oversized line: drop bytes until the next `\n`.
+    discarding: bool,
+    limit: usize,
+    eof: bool,
+}
+
+impl<R: AsyncRead + Unpin> LineReader<R> {
+    pub fn new(input: R, limit: usize) -> Self {
+        Self {
+            input,
+            buf: BytesMut::with_capacity(64 * 1024),
+            scanned: 0,
+            discarding: false,
+            limit,
+            eof: false,
+        }
+    }
+
+    /// The next message, or `None` at end of input (an unterminated fragment is ignored).
+    pub async fn next(&mut self) -> Option<Inbound> {
+        loop {
+            if let Some(offset) = self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
+                let end = self.scanned + offset;
+                let mut line = self.buf.split_to(end + 1);
+                self.scanned = 0;
+                if std::mem::take(&mut self.discarding) {
+                    return Some(Inbound::Oversized);
+                }
+                line.truncate(end);
+                if line.last() == Some(&b'\r') {
+                    line.truncate(end - 1);
+                }
+                if line.len() > self.limit {
+                    return Some(Inbound::Oversized);
+                }
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some(Inbound::Message(line.freeze()));
+            }
+            self.scanned = self.buf.len();
+            // `limit + 1` leaves room for a `\r` before the terminator.
+            if self.discarding || self.buf.len() > self.limit + 1 {
+                self.discarding = true;
+                self.buf.clear();
+                self.scanned = 0;
+            }
+            if self.eof {
+                return None;
+            }
+            self.buf.reserve(64 * 1024);
+            match self.input.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => self.eof = true,
+                Ok(_) => {}
+            }
+            if self.eof && !self.buf[self.scanned..].contains(&b'\n') {
+                return None;
+            }
+        }
+    }
+
+    /// The reader as a stream of messages.
+    pub fn into_stream(self) -> impl futures_util::Stream<Item = Inbound> + Send
+    where
+        R: Send,
+    {
+        futures_util::stream::unfold(self, |mut reader| async move {
+            reader.next().await.map(|item| (item, reader))
+        })
+    }
+}
+
+/// Convenience for tests: the bytes of a message.
+pub fn message_bytes(item: &Inbound) -> Option<&Bytes> {
+    match item {
+        Inbound::Message(bytes) => Some(bytes),
+        Inbound::Oversized => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn collect(input: &'static [u8], limit: usize) -> Vec<Option<Vec<u8>>> {
+        let mut reader = LineReader::new(input, limit);
+        let mut out = Vec::new();
+        while let Some(item) = reader.next().await {
+            out.push(message_bytes(&item).map(|b| b.to_vec()));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn splits_lines_strips_cr_and_skips_blank_lines() {
+        let got = collect(b"{\"a\":1}\r\n\n   \n{\"b\":2}\npartial", 100).await;
+        assert_eq!(
+            got,
+            vec![Some(b"{\"a\":1}".to_vec()), Some(b"{\"b\":2}".to_vec())]
+        );
+    }
+
+    #[tokio::test]
+    async fn oversized_lines_are_skipped_and_reported() {
+        let got = collect(b"0123456789\nabc\n0123456789012345678901234567890\nok\n", 5).await;
+        assert_eq!(
+            got,
+            vec![None, Some(b"abc".to_vec()), None, Some(b"ok".to_vec())]
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! The WebSocket transport (PROTOCOL §1.3): an HTTP/1.1 listener on `ws://IP:PORT` whose
+//! `GET /` upgrades to a JSON-RPC connection, plus `/readyz` and `/livez`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::{header, Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::connection::{serve_connection, ConnectionInfo, Inbound};
+use crate::router::StartupError;
+use crate::server::{Listener, ListenerKind, ServerContext};
+
+inventory::submit! {
+    ListenerKind { scheme: "ws", open: open_websocket }
+}
+
+/// Close code for a message or frame above the limits (RFC 6455 "message too big").
+const CLOSE_TOO_BIG: u16 = 1009;
+
+fn open_websocket(
+    url: &str,
+    server: &Arc<ServerContext>,
+) -> Result<Box<dyn Listener>, StartupError> {
+    let addr = parse_ws_url(url).ok_or_else(|| {
+        StartupError(format!(
+            "invalid websocket --listen URL `{url}`; expected `ws://IP:PORT`"
+        ))
+    })?;
+    Ok(Box::new(WebsocketListener {
+        addr,
+        listener: None,
+        server: Arc::clone(server),
+    }))
+}
+
+/// `ws://IP:PORT` with a literal IPv4 address or a bracketed IPv6 address; no host names.
+fn parse_ws_url(url: &str) -> Option<SocketAddr> {
+    let rest = url.strip_prefix("ws://")?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    rest.parse().ok()
+}
+
+struct WebsocketListener {
+    addr: SocketAddr,
+    listener: Option<TcpListener>,
+    server: Arc<ServerContext>,
+}
+
+#[async_trait]
+impl Listener for WebsocketListener {
+    async fn bind(&mut self) -> Result<Option<String>, StartupError> {
+        let listener = TcpListener::bind(self.addr).await.map_err(|e| {
+            StartupError(format!(
+                "failed to bind websocket listener {}: {e}",
+                self.addr
+            ))
+        })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| StartupError(format!("failed to read the bound address: {e}")))?;
+        tracing::info!(address = %local, "websocket listener bound");
+        self.listener = Some(listener);
+        Ok(Some(format!("ws://{local}")))
+    }
+
+    async fn serve(self: Box<Self>, server: Arc<ServerContext>) {
+        let listener = self
+            .listener
+            .expect("bind runs before serve")
+            .tap_io(|tcp| {
+                // Request/response traffic: Nagle + delayed ACK would add ~40 ms.
+                let _ = tcp.set_nodelay(true);
+            });
+        let shutdown = server.shutdown.clone();
+        let app = axum::Router::new()
+            .fallback(route)
+            .with_state(Arc::clone(&self.server));
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        if let Err(e) = axum::serve(listener, service)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+        {
+            tracing::error!(error = %e, "websocket listener failed");
+        }
+    }
+}
+
+/// Every request goes through here so the rules apply in the order of PROTOCOL §1.3.1.
+async fn route(
+    axum::extract::State(server): axum::extract::State<Arc<ServerContext>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request<axum::body::Body>,
+) -> Response {
+    if request.headers().contains_key(header::ORIGIN) {
+        return (
+            StatusCode::FORBIDDEN,
+            "requests with an Origin header are refused\n",
+        )
+            .into_response();
+    }
+    let is_get = matches!(*request.method(), Method::GET | Method::HEAD);
+    match request.uri().path() {
+        "/readyz" if is_get => {
+            if server.is_ready() {
+                StatusCode::OK.into_response()
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE.into_response()
+            }
+        }
+        "/livez" if is_get => StatusCode::OK.into_response(),
+        "/readyz" | "/livez" => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+        "/" => upgrade(server, peer, request).await,
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn upgrade(
+    server: Arc<ServerContext>,
+    peer: SocketAddr,
+    request: Request<axum::body::Body>,
+) -> Response {
+    let (mut parts, _body) = request.into_parts();
+    let ws = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    if let Some(expected) = &server.core.websocket.bearer_token {
+        if !bearer_matches(parts.headers.get(header::AUTHORIZATION), expected) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "a valid bearer token is required\n",
+            )
+                .into_response();
+        }
+    }
+    if !server.is_ready() {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    ws.max_message_size(server.core.limits.max_message_bytes)
+        .max_frame_size(server.core.websocket.max_frame_bytes)
+        .on_upgrade(move |socket| serve_socket(server, peer, socket))
+}
+
+/// `Authorization: Bearer <token>`: scheme case-insensitive, token compared in constant time.
+fn bearer_matches(header: Option<&axum::http::HeaderValue>, expected: &str) -> bool {
+    let Some(value) = header.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let Some((scheme, token)) = value.split_once(' ') else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case("bearer")
+        && constant_time_eq(token.trim().as_bytes(), expected.as_bytes())
+}
+
+/// True for a message or frame above the configured limits.
+fn is_capacity_error(error: &axum::Error) -> bool {
+    use std::error::Error as _;
+    error
+        .source()
+        .and_then(|source| source.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
+        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebSocket) {
+    let (sink, stream) = socket.split();
+    let (tx, rx) = mpsc::channel(server.core.connection.outbound_queue_messages);
+    let (close_tx, close_rx) = oneshot::channel();
+    let ping_every = Duration::from_millis(server.core.websocket.ping_interval_ms);
+    let writer = tokio::spawn(write_messages(sink, rx, close_rx, ping_every));
+
+    // Ends at Close, end of stream or the first error; an over-limit message closes with 1009.
+    let too_big = Arc::new(AtomicBool::new(false));
+    let too_big_in_stream = Arc::clone(&too_big);
+    let inbound = stream
+        .take_while(move |item| {
+            let keep_going = match item {
+                Ok(Message::Close(_)) => false,
+                Ok(_) => true,
+                Err(e) => {
+                    if is_capacity_error(e) {
+                        too_big_in_stream.store(true, Ordering::SeqCst);
+                    }
+                    tracing::debug!(error = %e, "websocket read ended");
+                    false
+                }
+            };
+            std::future::ready(keep_going)
+        })
+        .filter_map(|item| {
+            std::future::ready(match item {
+                Ok(Message::Text(text)) => Some(Inbound::Message(text.into())),
+                Ok(Message::Binary(bytes)) => Some(Inbound::Message(bytes)),
+                _ => None,
+            })
+        });
+    let info = ConnectionInfo {
+        transport: "websocket",
+        parse_error_prefix: format!(
+            "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
+        ),
+        detach_on_close: true,
+        max_outbound_bytes: None,
+    };
+    serve_connection(Arc::clone(&server), info, Box::pin(inbound), tx).await;
+    let close_code = too_big.load(Ordering::SeqCst).then_some(CLOSE_TOO_BIG);
+    let _ = close_tx.send(close_code);
+    let _ = writer.await;
+}
+
+async fn write_messages(
+    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut rx: mpsc::Receiver<String>,
+    mut close_rx: oneshot::Receiver<Option<u16>>,
+    ping_every: Duration,
+) {
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
+    loop {
+        tokio::select! {
+            frame = rx.recv() => match frame {
+                Some(frame) => {
+                    if sink.send(Message::Text(frame.into())).await.is_err() {
+                        return;
+                    }
+                }
+                None => break,
+            },
+            _ = ping.tick() => {
+                if sink.send(Message::Ping(Default::default())).await.is_err() {
+                    return;
+                }
+            }
+            code = &mut close_rx => {
+                if let Ok(Some(code)) = code {
+                    let frame = CloseFrame { code, reason: "message too big".into() };
+                    let _ = sink.send(Message::Close(Some(frame))).await;
+                }
+                break;
+            }
+        }
+    }
+    let _ = sink.close().await;
+}
