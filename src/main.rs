@@ -10,7 +10,7 @@ use clap::Parser;
 use exec_server_config::core::CONNECTION_TOKEN_ENV;
 use exec_server_config::{ConfigSource, CoreConfig};
 use exec_server_core::router::MethodPlan;
-use exec_server_core::server::{open_listeners, run};
+use exec_server_core::server::{open_configured_transports, open_listeners, run};
 use exec_server_core::{plugin, ServerContext, StartupError};
 
 // The inventory caveat: a crate nothing references is not linked and registers nothing.
@@ -128,11 +128,14 @@ fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
         .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
     runtime.block_on(async move {
         let mut urls = core.server.listen.clone();
-        if urls.is_empty() {
+        let server: Arc<ServerContext> = ServerContext::new(&source, core)?;
+        let configured = open_configured_transports(&source, &server)?;
+        // With no listener and no configured transport (remote mode), listen locally.
+        if urls.is_empty() && configured.is_empty() {
             urls.push("ws://127.0.0.1:0".to_owned());
         }
-        let server: Arc<ServerContext> = ServerContext::new(&source, core)?;
-        let listeners = open_listeners(&urls, &server)?;
+        let mut listeners = open_listeners(&urls, &server)?;
+        listeners.extend(configured);
         run(server, listeners, shutdown_signal()).await
     })?;
     // Plugins may hold blocking threads (process spawner, waiters); do not wait for them.

@@ -1,1 +1,12 @@
+//! Black-box integration tests: the real `exec-server` binary over real stdio pipes and
+//! real sockets. One test binary (one link step); each module covers one area.
 
+#[macro_use]
+mod util;
+
+mod config;
+mod environment;
+mod fs;
+mod handshake;
+mod process;
+mod websocket;

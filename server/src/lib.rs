@@ -28,5 +28,5 @@ pub use extensions::SessionState;
 pub use inventory;
 pub use plugin::{typed_section, Install, InstallError, Method, MethodDecl, NoParams, Plugin};
 pub use router::StartupError;
-pub use server::{ListenerKind, ServerContext};
+pub use server::{ConfiguredTransport, Listener, ListenerKind, ServerContext};
 pub use session::Session;

@@ -87,6 +87,33 @@ pub struct ListenerKind {
 
 inventory::collect!(ListenerKind);
 
+/// A transport switched on by its own configuration rather than by a `--listen` URL (for
+/// example the relay, enabled by `relay.url`), registered with `inventory::submit!`.
+#[derive(Debug)]
+pub struct ConfiguredTransport {
+    pub name: &'static str,
+    /// Returns the transport's listener when its configuration enables it.
+    pub open:
+        fn(&ConfigSource, &Arc<ServerContext>) -> Result<Option<Box<dyn Listener>>, StartupError>,
+}
+
+inventory::collect!(ConfiguredTransport);
+
+/// Opens every configured transport that its configuration switches on.
+pub fn open_configured_transports(
+    source: &ConfigSource,
+    server: &Arc<ServerContext>,
+) -> Result<Vec<Box<dyn Listener>>, StartupError> {
+    let mut listeners = Vec::new();
+    for kind in inventory::iter::<ConfiguredTransport> {
+        if let Some(listener) = (kind.open)(source, server)? {
+            tracing::debug!(transport = kind.name, "configured transport enabled");
+            listeners.push(listener);
+        }
+    }
+    Ok(listeners)
+}
+
 fn scheme_of(url: &str) -> &str {
     if url == "stdio" {
         return "stdio";
