@@ -1,1 +1,294 @@
-//! Tests for config.
+//! Configuration layering, operator switches and start-up errors (PROTOCOL §2.10, §7).
+
+use std::process::Output;
+
+use serde_json::json;
+
+use crate::util::{assert_error, config_file, server_bin, Client};
+
+/// Runs the binary to completion with `args` and extra environment variables.
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = std::process::Command::new(server_bin());
+    cmd.args(args).env("RUST_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The value of `key = …` in the `[table]` of `exec-server config` output.
+fn config_value(text: &str, table: &str, key: &str) -> String {
+    let parsed: toml::Table = text.parse().expect("config prints TOML");
+    parsed[table][key].to_string()
+}
+
+#[test]
+fn precedence_is_defaults_file_env_cli() {
+    let file = config_file("[session]\ndetached_ttl_ms = 1111\n[dispatch]\nmax_in_flight = 5\n[server]\nlisten = [\"ws://127.0.0.1:7\"]\n");
+    let path = file.to_str().unwrap();
+
+    let out = run(&["config"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        config_value(&stdout(&out), "session", "detached_ttl_ms"),
+        "30000"
+    );
+
+    let out = run(&["config", "--config", path], &[]);
+    assert_eq!(
+        config_value(&stdout(&out), "session", "detached_ttl_ms"),
+        "1111"
+    );
+    assert_eq!(
+        config_value(&stdout(&out), "dispatch", "max_in_flight"),
+        "5"
+    );
+
+    let env = [("EXEC_SERVER_SESSION__DETACHED_TTL_MS", "2222")];
+    let out = run(&["config", "--config", path], &env);
+    assert_eq!(
+        config_value(&stdout(&out), "session", "detached_ttl_ms"),
+        "2222"
+    );
+    assert_eq!(
+        config_value(&stdout(&out), "dispatch", "max_in_flight"),
+        "5"
+    );
+    assert_eq!(
+        config_value(&stdout(&out), "server", "listen"),
+        "[\"ws://127.0.0.1:7\"]"
+    );
+
+    // CLI flags beat the environment, which beats the file.
+    let env = [("EXEC_SERVER_SERVER__LISTEN", "[\"ws://127.0.0.1:8\"]")];
+    let out = run(&["config", "--config", path], &env);
+    assert_eq!(
+        config_value(&stdout(&out), "server", "listen"),
+        "[\"ws://127.0.0.1:8\"]"
+    );
+    let out = run(&["config", "--config", path, "--listen", "stdio"], &env);
+    assert_eq!(
+        config_value(&stdout(&out), "server", "listen"),
+        "[\"stdio\"]"
+    );
+
+    // Prefixed variables without a double underscore are not configuration.
+    let out = run(
+        &["config"],
+        &[("EXEC_SERVER_RELAY_TOKEN", "x"), ("EXEC_SERVER_BOGUS", "1")],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn errors_name_the_key_the_value_and_the_source() {
+    let file = config_file("[methods]\ndisable = [\"fs/*\"]\n");
+    let path = file.to_str().unwrap();
+    let out = run(&["--config", path], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("invalid config: unknown key methods.disable (from {path})")
+    );
+
+    let out = run(&[], &[("EXEC_SERVER_SESSION__DETACHED_TTL_MS", "soon")]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stderr(&out);
+    assert!(
+        text.starts_with("invalid config: session.detached_ttl_ms"),
+        "{text}"
+    );
+    assert!(text.contains("soon"), "{text}");
+    assert!(
+        text.trim_end()
+            .ends_with("(from environment variable EXEC_SERVER_SESSION__DETACHED_TTL_MS)"),
+        "{text}"
+    );
+
+    let out = run(&[], &[("EXEC_SERVER_DISPATCH__MAX_IN_FLIGHT", "0")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out).trim(),
+        "invalid config: dispatch.max_in_flight must be greater than zero, got 0 (from environment variable EXEC_SERVER_DISPATCH__MAX_IN_FLIGHT)"
+    );
+
+    let file = config_file("[nonsense]\nx = 1\n");
+    let out = run(&["--config", file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with("invalid config: unknown key nonsense (from "),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn missing_or_broken_config_files_are_errors() {
+    let out = run(&["--config", "/nonexistent/exec-server.toml"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out)
+            .starts_with("invalid config: cannot read config file /nonexistent/exec-server.toml"),
+        "{}",
+        stderr(&out)
+    );
+
+    let file = config_file("[session\n");
+    let out = run(&["--config", file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not valid TOML"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn switches_that_match_nothing_are_errors() {
+    for (toml, expected) in [
+        (
+            "[methods]\ndisabled = [\"fs/remov\"]\n",
+            "invalid config: methods.disabled entry `fs/remov` matches no method of this server",
+        ),
+        (
+            "[methods]\ndisabled = [\"nope/*\"]\n",
+            "invalid config: methods.disabled entry `nope/*` matches no method of this server",
+        ),
+        (
+            "[methods]\ndisabled = [\"initialize\"]\n",
+            "invalid config: methods.disabled cannot disable `initialize`",
+        ),
+        (
+            "[plugins.nothing]\nenabled = false\n",
+            "invalid config: plugins.nothing names no plugin of this server",
+        ),
+    ] {
+        let file = config_file(toml);
+        let path = file.to_str().unwrap();
+        let out = run(&["--config", path], &[]);
+        assert_eq!(out.status.code(), Some(2), "{toml}");
+        assert_eq!(
+            stderr(&out).trim(),
+            format!("{expected} (from {path})"),
+            "{toml}"
+        );
+    }
+}
+
+#[test]
+fn listen_url_errors_keep_the_reference_texts() {
+    for (url, expected) in [
+        (
+            "tcp://1.2.3.4:5",
+            "unsupported --listen URL `tcp://1.2.3.4:5`; expected `ws://IP:PORT` or `stdio`",
+        ),
+        (
+            "ws://localhost:80",
+            "invalid websocket --listen URL `ws://localhost:80`; expected `ws://IP:PORT`",
+        ),
+        (
+            "ws://127.0.0.1",
+            "invalid websocket --listen URL `ws://127.0.0.1`; expected `ws://IP:PORT`",
+        ),
+    ] {
+        let out = run(&["--listen", url], &[]);
+        assert_eq!(out.status.code(), Some(2), "{url}");
+        assert_eq!(stderr(&out).trim(), expected);
+    }
+    let out = run(&["--listen", "stdio", "--listen", "stdio://"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn methods_lists_the_registry_with_switches() {
+    let out = run(&["methods"], &[]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("environment/info "))
+        .expect(&text);
+    assert!(row.contains("environment") && row.contains("yes"), "{row}");
+
+    let file = config_file("[methods]\ndisabled = [\"environment/status\"]\n");
+    let out = run(&["methods", "--config", file.to_str().unwrap()], &[]);
+    let text = stdout(&out);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("environment/status "))
+        .expect(&text);
+    assert!(row.contains("disabled"), "{row}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("environment/info "))
+        .expect(&text);
+    assert!(row.contains("yes"), "{row}");
+}
+
+#[test]
+fn config_redacts_secrets() {
+    let file = config_file("[websocket]\nbearer_token = \"hunter2hunter2\"\n");
+    let out = run(&["config", "--config", file.to_str().unwrap()], &[]);
+    let text = stdout(&out);
+    assert!(!text.contains("hunter2"), "{text}");
+    assert_eq!(
+        config_value(&text, "websocket", "bearer_token"),
+        "\"<redacted>\""
+    );
+}
+
+#[tokio::test]
+async fn disabled_methods_and_plugins_answer_disabled() {
+    let file = config_file("[methods]\ndisabled = [\"environment/status\"]\n");
+    let mut client = Client::stdio(&["--config", file.to_str().unwrap()]).await;
+    // The switch is checked before handshake gating.
+    let err = client.call_err("environment/status", json!({})).await;
+    assert_error(
+        &err,
+        -32601,
+        "method `environment/status` is disabled on this server",
+    );
+    client.handshake().await;
+    let err = client.call_err("environment/status", json!({})).await;
+    assert_error(
+        &err,
+        -32601,
+        "method `environment/status` is disabled on this server",
+    );
+    assert!(client.call("environment/info", json!({})).await["shell"].is_object());
+
+    let file = config_file("[plugins.environment]\nenabled = false\n");
+    let mut client = Client::stdio(&["--config", file.to_str().unwrap()]).await;
+    client.handshake().await;
+    for method in ["environment/info", "environment/status"] {
+        let err = client.call_err(method, json!({})).await;
+        assert_error(
+            &err,
+            -32601,
+            &format!("method `{method}` is disabled on this server"),
+        );
+    }
+    let err = client.call_err("environment/nothing", json!({})).await;
+    assert_error(&err, -32601, "unknown method `environment/nothing`");
+}
+
+#[tokio::test]
+async fn family_patterns_disable_every_member() {
+    let file = config_file("[methods]\ndisabled = [\"environment/*\"]\n");
+    let mut client = Client::stdio(&["--config", file.to_str().unwrap()]).await;
+    client.handshake().await;
+    let err = client.call_err("environment/info", json!({})).await;
+    assert_error(
+        &err,
+        -32601,
+        "method `environment/info` is disabled on this server",
+    );
+}

@@ -96,7 +96,8 @@ impl WsServer {
 
 enum Conn {
     Stdio {
-        stdin: ChildStdin,
+        /// `None` once closed: dropping the pipe is what delivers EOF.
+        stdin: Option<ChildStdin>,
         stdout: BufReader<ChildStdout>,
         child: Child,
     },
@@ -128,7 +129,7 @@ impl Client {
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Self::new(Conn::Stdio {
-            stdin,
+            stdin: Some(stdin),
             stdout,
             child,
         })
@@ -162,6 +163,7 @@ impl Client {
     pub async fn send_raw(&mut self, text: &str) {
         match &mut self.conn {
             Conn::Stdio { stdin, .. } => {
+                let stdin = stdin.as_mut().expect("stdin is open");
                 stdin.write_all(text.as_bytes()).await.unwrap();
                 stdin.write_all(b"\n").await.unwrap();
                 stdin.flush().await.unwrap();
@@ -180,7 +182,7 @@ impl Client {
     /// Closes the client's side: stdin EOF on stdio, a Close frame on WebSocket.
     pub async fn close(&mut self) {
         match &mut self.conn {
-            Conn::Stdio { stdin, .. } => stdin.shutdown().await.unwrap(),
+            Conn::Stdio { stdin, .. } => drop(stdin.take()),
             Conn::Ws(ws) => {
                 let _ = ws.close(None).await;
             }
@@ -359,15 +361,27 @@ pub fn b64(bytes: impl AsRef<[u8]>) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// A plain HTTP/1.1 request on a fresh TCP connection; returns (status, headers+body text).
+/// A plain HTTP/1.1 request on a fresh TCP connection; returns the status and the response
+/// head (status line and headers).
 pub async fn http_request(base: &str, raw_request: &str) -> (u16, String) {
     use tokio::io::AsyncReadExt;
     let addr = base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(raw_request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    let _ = tokio::time::timeout(STEP_TIMEOUT, stream.read_to_end(&mut response)).await;
-    let text = String::from_utf8_lossy(&response).into_owned();
+    let mut head = Vec::new();
+    let read_head = async {
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, read_head)
+        .await
+        .expect("response head");
+    let text = String::from_utf8_lossy(&head).into_owned();
     let status = text
         .split_whitespace()
         .nth(1)
@@ -381,7 +395,7 @@ pub async fn http_get(base: &str, path: &str, extra_headers: &str) -> (u16, Stri
     let host = base.trim_start_matches("http://");
     http_request(
         base,
-        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{extra_headers}\r\n"),
+        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra_headers}\r\n"),
     )
     .await
 }

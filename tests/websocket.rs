@@ -1,1 +1,200 @@
-//! Tests for websocket.
+//! The WebSocket listener's HTTP surface, framing and liveness (PROTOCOL §1.3, §1.5).
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::util::{config_file, http_get, WsServer, STEP_TIMEOUT};
+
+const UPGRADE_HEADERS: &str = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+
+#[tokio::test]
+async fn http_surface_follows_the_table() {
+    let server = WsServer::start(&[]).await;
+    let base = server.http_base();
+    assert_eq!(http_get(&base, "/readyz", "").await.0, 200);
+    assert_eq!(http_get(&base, "/livez", "").await.0, 200);
+    assert_eq!(http_get(&base, "/elsewhere", "").await.0, 404);
+    // Origin is refused on everything, health endpoints and upgrades included.
+    let origin = "Origin: http://evil.example\r\n";
+    assert_eq!(http_get(&base, "/readyz", origin).await.0, 403);
+    assert_eq!(http_get(&base, "/livez", origin).await.0, 403);
+    assert_eq!(
+        http_get(&base, "/", &format!("{origin}{UPGRADE_HEADERS}"))
+            .await
+            .0,
+        403
+    );
+    // GET / that is not an upgrade is a 4xx.
+    let (status, _) = http_get(&base, "/", "").await;
+    assert!((400..500).contains(&status), "{status}");
+    // A valid upgrade switches protocols.
+    let (status, _) = http_get(&base, "/", UPGRADE_HEADERS).await;
+    assert_eq!(status, 101);
+}
+
+#[tokio::test]
+async fn bearer_token_guards_the_upgrade_only() {
+    let config = config_file("[websocket]\nbearer_token = \"s3cret-token\"\n");
+    let server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
+    let base = server.http_base();
+    let (status, text) = http_get(&base, "/", UPGRADE_HEADERS).await;
+    assert_eq!(status, 401);
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{text}"
+    );
+    let wrong = format!("{UPGRADE_HEADERS}Authorization: Bearer nope\r\n");
+    assert_eq!(http_get(&base, "/", &wrong).await.0, 401);
+    let right = format!("{UPGRADE_HEADERS}Authorization: bEaReR s3cret-token\r\n");
+    assert_eq!(http_get(&base, "/", &right).await.0, 101);
+    // Health probes need no secret.
+    assert_eq!(http_get(&base, "/readyz", "").await.0, 200);
+
+    let mut request = server.url.as_str().into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("Authorization", "Bearer s3cret-token".parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    ws.send(Message::Text(
+        json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    let reply = ws.next().await.unwrap().unwrap();
+    assert!(reply.to_text().unwrap().contains("sessionId"));
+}
+
+#[tokio::test]
+async fn the_connection_token_may_come_from_the_environment() {
+    let mut cmd = crate::util::server_command(&["--listen", "ws://127.0.0.1:0"]);
+    cmd.env("CODEX_EXEC_SERVER_CONNECTION_TOKEN", "from-env");
+    let server = WsServer::start_with(cmd).await;
+    let base = server.http_base();
+    assert_eq!(http_get(&base, "/", UPGRADE_HEADERS).await.0, 401);
+    let right = format!("{UPGRADE_HEADERS}Authorization: Bearer from-env\r\n");
+    assert_eq!(http_get(&base, "/", &right).await.0, 101);
+}
+
+#[tokio::test]
+async fn binary_messages_are_accepted_and_answers_are_text() {
+    let server = WsServer::start(&[]).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(&server.url).await.unwrap();
+    let init = json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}});
+    ws.send(Message::Binary(init.to_string().into_bytes().into()))
+        .await
+        .unwrap();
+    match ws.next().await.unwrap().unwrap() {
+        Message::Text(text) => assert!(text.contains("sessionId")),
+        other => panic!("expected a text answer, got {other:?}"),
+    }
+    // Malformed input names the peer address.
+    ws.send(Message::Text("nope".into())).await.unwrap();
+    let reply: serde_json::Value =
+        serde_json::from_str(ws.next().await.unwrap().unwrap().to_text().unwrap()).unwrap();
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "failed to parse websocket JSON-RPC message from exec-server websocket 127.0.0.1:"
+        ),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn oversized_messages_close_with_1009() {
+    let config = config_file("[limits]\nmax_message_bytes = 1024\n");
+    let server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
+    let mut client = server.connect_initialized().await;
+    let session = client.session_id.clone().unwrap();
+    let (mut ws, _) = tokio_tungstenite::connect_async(&server.url).await.unwrap();
+    ws.send(Message::Text("x".repeat(4096).into()))
+        .await
+        .unwrap();
+    let close = tokio::time::timeout(STEP_TIMEOUT, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(frame))) => break frame,
+                Some(Ok(_)) => continue,
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(close.unwrap().code, CloseCode::Size);
+    // Other connections are unaffected.
+    assert_eq!(
+        client.call("environment/status", json!({})).await,
+        json!({"status": "ready"})
+    );
+    assert!(session.len() == 36);
+}
+
+#[tokio::test]
+async fn server_pings_on_its_interval() {
+    let config = config_file("[websocket]\nping_interval_ms = 100\n");
+    let server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(&server.url).await.unwrap();
+    let got_ping = tokio::time::timeout(STEP_TIMEOUT, async {
+        loop {
+            if let Some(Ok(Message::Ping(_))) = ws.next().await {
+                break true;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(got_ping);
+}
+
+#[tokio::test]
+async fn sigterm_shuts_down_with_status_zero() {
+    let mut server = WsServer::start(&[]).await;
+    let mut client = server.connect_initialized().await;
+    let pid = server.child.id().unwrap() as i32;
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(STEP_TIMEOUT, server.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(client.read_wire().await.is_none());
+}
+
+#[tokio::test]
+async fn several_listeners_share_one_session_registry() {
+    let mut cmd = crate::util::server_command(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--listen",
+        "ws://127.0.0.1:0",
+    ]);
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
+            .await
+            .unwrap();
+        urls.push(line.trim().to_owned());
+    }
+    assert_ne!(urls[0], urls[1]);
+    let mut a = crate::util::Client::websocket(&urls[0]).await;
+    let session = a.handshake().await;
+    a.close().await;
+    drop(a);
+    let mut b = crate::util::Client::websocket(&urls[1]).await;
+    crate::handshake::retry_resume(&mut b, &session).await;
+    assert_eq!(
+        b.call("environment/status", json!({})).await,
+        json!({"status": "ready"})
+    );
+}

@@ -154,7 +154,7 @@ impl ConfigSource {
 
     fn decode_error(&self, table: &str, error: figment::Error) -> ConfigError {
         let first = error.into_iter().next().expect("an error has one entry");
-        // `extract_inner` appends the table to the end of the inner path; put it first.
+        // Figment appends the table to the end of the inner path; put it first.
         let table_parts: Vec<String> = table.split('.').map(str::to_owned).collect();
         let mut inner = first.path.clone();
         if inner.ends_with(&table_parts) {
@@ -165,7 +165,9 @@ impl ConfigSource {
         use figment::error::Kind;
         match &first.kind {
             Kind::UnknownField(field, _) => {
-                path.push(field.clone());
+                if path.last() != Some(field) {
+                    path.push(field.clone());
+                }
                 let key = path.join(".");
                 ConfigError(format!(
                     "invalid config: unknown key {key}{}",

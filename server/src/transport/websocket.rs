@@ -199,7 +199,7 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
                     if is_capacity_error(e) {
                         too_big_in_stream.store(true, Ordering::SeqCst);
                     }
-                    tracing::debug!(error = %e, "websocket read ended");
+                    tracing::debug!(error = %e, source = ?std::error::Error::source(e), "websocket read ended");
                     false
                 }
             };
@@ -229,7 +229,7 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
 async fn write_messages(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut rx: mpsc::Receiver<String>,
-    mut close_rx: oneshot::Receiver<Option<u16>>,
+    close_rx: oneshot::Receiver<Option<u16>>,
     ping_every: Duration,
 ) {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
@@ -241,6 +241,7 @@ async fn write_messages(
                         return;
                     }
                 }
+                // The connection ended; the reader reports how to close.
                 None => break,
             },
             _ = ping.tick() => {
@@ -248,14 +249,14 @@ async fn write_messages(
                     return;
                 }
             }
-            code = &mut close_rx => {
-                if let Ok(Some(code)) = code {
-                    let frame = CloseFrame { code, reason: "message too big".into() };
-                    let _ = sink.send(Message::Close(Some(frame))).await;
-                }
-                break;
-            }
         }
+    }
+    if let Ok(Some(code)) = close_rx.await {
+        let frame = CloseFrame {
+            code,
+            reason: "message too big".into(),
+        };
+        let _ = sink.send(Message::Close(Some(frame))).await;
     }
     let _ = sink.close().await;
 }
