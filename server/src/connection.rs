@@ -298,3 +298,7 @@ async fn send_reply(outbound: &Outbound, id: &RequestId, result: Result<Box<RawV
     // A closed queue means the connection is gone; its requests go unanswered (§3.5).
     let _ = outbound.tx.send(frame).await;
 }
+
+#[cfg(test)]
+#[path = "connection_tests.rs"]
+mod tests;

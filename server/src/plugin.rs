@@ -39,6 +39,9 @@ pub struct MethodDecl {
     pub family: &'static str,
 }
 
+/// Decodes a plugin's config table (named by the `&str`) into its effective value.
+pub type ConfigSectionFn = fn(&ConfigSource, &str) -> Result<Value, ConfigError>;
+
 /// A method family, registered with `inventory::submit!`.
 #[derive(Debug)]
 pub struct Plugin {
@@ -51,7 +54,7 @@ pub struct Plugin {
     /// Decodes the plugin's config table into its effective value (defaults filled in), or
     /// `None` if the plugin has no table. Run at start-up whether or not the plugin is
     /// enabled, so a misspelt key is always an error; see [`typed_section`].
-    pub config: Option<fn(&ConfigSource, &str) -> Result<Value, ConfigError>>,
+    pub config: Option<ConfigSectionFn>,
     /// Builds the plugin's state and registers its handlers. Runs only when enabled.
     pub install: fn(&mut Install<'_>) -> Result<(), InstallError>,
 }

@@ -76,13 +76,20 @@ pub trait Listener: Send {
     async fn serve(self: Box<Self>, server: Arc<ServerContext>);
 }
 
+/// Creates an (unbound) listener for a `--listen` URL.
+pub type OpenListenerFn = fn(&str, &Arc<ServerContext>) -> Result<Box<dyn Listener>, StartupError>;
+
+/// Creates a configured transport's listener when its configuration switches it on.
+pub type OpenConfiguredFn =
+    fn(&ConfigSource, &Arc<ServerContext>) -> Result<Option<Box<dyn Listener>>, StartupError>;
+
 /// A listener transport, registered with `inventory::submit!` and chosen by URL.
 #[derive(Debug)]
 pub struct ListenerKind {
     /// `stdio` (matches `stdio` and `stdio://`) or a URL scheme such as `ws`.
     pub scheme: &'static str,
     /// Validates the URL and creates the (unbound) listener.
-    pub open: fn(&str, &Arc<ServerContext>) -> Result<Box<dyn Listener>, StartupError>,
+    pub open: OpenListenerFn,
 }
 
 inventory::collect!(ListenerKind);
@@ -93,8 +100,7 @@ inventory::collect!(ListenerKind);
 pub struct ConfiguredTransport {
     pub name: &'static str,
     /// Returns the transport's listener when its configuration enables it.
-    pub open:
-        fn(&ConfigSource, &Arc<ServerContext>) -> Result<Option<Box<dyn Listener>>, StartupError>,
+    pub open: OpenConfiguredFn,
 }
 
 inventory::collect!(ConfiguredTransport);
