@@ -8,12 +8,11 @@ use exec_server_config::{ConfigSource, CoreConfig};
 use exec_server_proto::RpcError;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
-use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::plugin::{Install, InstallError, MethodDecl, Plugin};
 use crate::server::ServerContext;
-use crate::Call;
+use crate::{Call, InProcessConnection};
 
 /// Per-session gate: `testing/block` and `testing/park` wait until `testing/release`
 /// (`notify_one` keeps a permit, so a release that wins the race is not lost).
@@ -85,43 +84,35 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
 }
 
 struct Harness {
-    to_server: mpsc::Sender<Inbound>,
-    from_server: mpsc::Receiver<String>,
+    connection: InProcessConnection,
 }
 
 impl Harness {
     fn start(toml: &str) -> Self {
         let source = ConfigSource::from_toml_str(toml);
         let core = CoreConfig::from_source(&source, None).unwrap();
-        let queue = core.connection.outbound_queue_messages;
         let server = ServerContext::new(&source, core).unwrap();
-        let (to_server, inbound) = mpsc::channel(16);
-        let (outbound, from_server) = mpsc::channel(queue);
-        let info = ConnectionInfo {
-            transport: "test",
-            parse_error_prefix: "failed to parse JSON-RPC message from test".into(),
-            detach_on_close: true,
-            max_outbound_bytes: None,
-        };
-        let stream = tokio_stream_from(inbound);
-        tokio::spawn(serve_connection(server, info, stream, outbound));
         Self {
-            to_server,
-            from_server,
+            connection: InProcessConnection::open(&server),
         }
     }
 
     async fn send(&self, message: Value) {
-        let bytes = bytes::Bytes::from(message.to_string());
-        self.to_server.send(Inbound::Message(bytes)).await.unwrap();
+        self.connection.send(&message).await;
     }
 
     async fn recv(&mut self) -> Value {
-        let text = tokio::time::timeout(Duration::from_secs(10), self.from_server.recv())
+        tokio::time::timeout(Duration::from_secs(10), self.connection.recv())
             .await
             .expect("a message in time")
-            .expect("connection open");
-        serde_json::from_str(&text).unwrap()
+            .expect("connection open")
+    }
+
+    /// Waits briefly and reports whether anything arrived.
+    async fn nothing_arrives(&mut self) -> bool {
+        tokio::time::timeout(Duration::from_millis(300), self.connection.recv())
+            .await
+            .is_err()
     }
 
     async fn handshake(&mut self) {
@@ -130,12 +121,6 @@ impl Harness {
         assert!(self.recv().await["result"]["sessionId"].is_string());
         self.send(json!({"method": "initialized"})).await;
     }
-}
-
-fn tokio_stream_from(
-    mut rx: mpsc::Receiver<Inbound>,
-) -> impl futures_util::Stream<Item = Inbound> + Unpin + Send {
-    Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
 }
 
 #[tokio::test]
@@ -148,12 +133,12 @@ async fn a_blocked_request_does_not_hold_up_others() {
     let first = h.recv().await;
     let second = h.recv().await;
     let ids = [first["id"].clone(), second["id"].clone()];
-    assert!(ids.contains(&json!(1)) && ids.contains(&json!(2)), "{ids:?}");
+    assert!(
+        ids.contains(&json!(1)) && ids.contains(&json!(2)),
+        "{ids:?}"
+    );
     assert_eq!(
-        [first, second]
-            .iter()
-            .find(|m| m["id"] == 1)
-            .unwrap()["result"],
+        [first, second].iter().find(|m| m["id"] == 1).unwrap()["result"],
         "unblocked"
     );
 }
@@ -166,8 +151,10 @@ async fn max_in_flight_pauses_the_reader() {
     // With one slot taken, this release cannot start until the block finishes: nothing
     // arrives.
     h.send(json!({"id": 2, "method": "testing/release"})).await;
-    let nothing = tokio::time::timeout(Duration::from_millis(300), h.from_server.recv()).await;
-    assert!(nothing.is_err(), "a second request ran beyond max_in_flight");
+    assert!(
+        h.nothing_arrives().await,
+        "a second request ran beyond max_in_flight"
+    );
 }
 
 #[tokio::test]

@@ -8,12 +8,14 @@
 //! * [`connection`] — the transport-agnostic connection processor (§2.9, §3).
 //! * [`server`] — the shared [`ServerContext`], listener registry, start-up and shutdown.
 //! * [`transport`] — the stdio and WebSocket listeners.
+//! * [`in_process`] — a connection without a transport, for tests and embedding.
 //! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
 
 pub mod call;
 pub mod connection;
 pub mod extensions;
 pub mod helpers;
+pub mod in_process;
 pub mod plugin;
 pub mod router;
 pub mod server;
@@ -25,6 +27,7 @@ pub use call::{Call, Parked, ResponseQueued};
 pub use exec_server_config as config;
 pub use exec_server_proto as proto;
 pub use extensions::SessionState;
+pub use in_process::InProcessConnection;
 pub use inventory;
 pub use plugin::{typed_section, Install, InstallError, Method, MethodDecl, NoParams, Plugin};
 pub use router::StartupError;
