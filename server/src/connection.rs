@@ -145,8 +145,11 @@ impl Processor {
                 id,
                 method,
                 params,
-                trace: _,
-            } => self.handle_request(id, method, params).await,
+                trace,
+            } => {
+                let traceparent = trace.as_ref().and_then(valid_traceparent);
+                self.handle_request(id, method, params, traceparent).await
+            }
             Incoming::Notification { method, .. } => self.handle_notification(&method).await,
             Incoming::Response { id } => {
                 tracing::debug!(?id, "dropping a response sent by the client");
@@ -173,7 +176,13 @@ impl Processor {
         }
     }
 
-    async fn handle_request(&mut self, id: RequestId, method: String, params: Value) {
+    async fn handle_request(
+        &mut self,
+        id: RequestId,
+        method: String,
+        params: Value,
+        traceparent: Option<String>,
+    ) {
         if method == INITIALIZE {
             let result = self.initialize(params);
             return self.reply(&id, result).await;
@@ -222,7 +231,7 @@ impl Processor {
             in_flight: Some(permit),
         };
         let outbound = self.outbound.clone();
-        let span = tracing::debug_span!("request", %method, %id);
+        let span = tracing::debug_span!("request", %method, %id, traceparent);
         self.tasks.spawn(
             async move {
                 let outcome = AssertUnwindSafe(handler.call(call, params))
@@ -282,6 +291,23 @@ impl Processor {
     async fn reply_untied(&self, error: RpcError) {
         self.reply(&RequestId::UNTIED, Err(error)).await;
     }
+}
+
+/// The W3C `traceparent` of a request's `trace` carrier, if well formed (PROTOCOL §2.4);
+/// anything else is ignored. Recorded on the request's span so logs join the caller's trace.
+fn valid_traceparent(trace: &Value) -> Option<String> {
+    let text = trace.get("traceparent")?.as_str()?;
+    let parts: Vec<&str> = text.split('-').collect();
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let well_formed = parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2);
+    well_formed.then(|| text.to_owned())
 }
 
 /// Encodes and queues one response, waiting for room in the outbound queue.

@@ -214,3 +214,23 @@ async fn a_panicking_handler_answers_internal_error() {
     h.send(json!({"id": 2, "method": "testing/release"})).await;
     assert_eq!(h.recv().await["id"], 2);
 }
+
+#[test]
+fn only_well_formed_traceparents_are_kept() {
+    use super::valid_traceparent;
+    let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    assert_eq!(
+        valid_traceparent(&json!({"traceparent": good})).as_deref(),
+        Some(good)
+    );
+    for bad in [
+        json!({}),
+        json!({"traceparent": ""}),
+        json!({"traceparent": 7}),
+        json!({"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}),
+        json!({"traceparent": "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
+        json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}),
+    ] {
+        assert_eq!(valid_traceparent(&bad), None, "{bad}");
+    }
+}
