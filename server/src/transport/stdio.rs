@@ -1,6 +1,7 @@
 //! The stdio transport (PROTOCOL §1.2): one JSON message per line on stdin, one per line on
 //! stdout. End of stdin shuts the whole server down.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -38,8 +39,53 @@ impl Listener for StdioListener {
     }
 
     async fn serve(self: Box<Self>, server: Arc<ServerContext>) {
-        serve_stdio(server, tokio::io::stdin(), tokio::io::stdout()).await;
+        serve_stdio(server, stdin_reader(), stdout_writer()).await;
     }
+}
+
+/// Stdin as an async reader. A pipe is read directly through the reactor; anything else
+/// (a terminal, a file) goes through tokio's blocking-thread `Stdin`, which costs a thread
+/// hand-off per read.
+fn stdin_reader() -> Box<dyn AsyncRead + Unpin + Send> {
+    let pipe = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(tokio::net::unix::pipe::Receiver::from_owned_fd);
+    match pipe {
+        Ok(pipe) => Box::new(pipe),
+        Err(_) => Box::new(tokio::io::stdin()),
+    }
+}
+
+/// Stdout as an async writer, through the reactor when it is a pipe of its own. Making it
+/// non-blocking changes the open file, so when stderr shares it (`2>&1`) the blocking
+/// writer is kept: log lines on stderr must never fail with `EAGAIN`.
+fn stdout_writer() -> Box<dyn AsyncWrite + Unpin + Send> {
+    let shares_stderr = match (
+        file_identity(&std::io::stdout()),
+        file_identity(&std::io::stderr()),
+    ) {
+        (Some(out), Some(err)) => out == err,
+        _ => true,
+    };
+    if !shares_stderr {
+        let pipe = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(tokio::net::unix::pipe::Sender::from_owned_fd);
+        if let Ok(pipe) = pipe {
+            return Box::new(pipe);
+        }
+    }
+    Box::new(tokio::io::stdout())
+}
+
+/// (device, inode) of the file behind a standard stream.
+fn file_identity(stream: &impl AsFd) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::from(stream.as_fd().try_clone_to_owned().ok()?);
+    let metadata = file.metadata().ok()?;
+    Some((metadata.dev(), metadata.ino()))
 }
 
 /// Serves one stdio-style connection over `input`/`output`, then shuts the server down.

@@ -1,0 +1,75 @@
+//! The floors: the least a server could do for the same traffic. This binary re-executes
+//! itself with a sentinel argument to become one, so floors run as separate processes on
+//! the same runtime settings as exec-server.
+
+use std::io::{BufRead, Write};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Sentinel: a WebSocket server that echoes every message (prints its `ws://` line).
+pub const WS_ECHO: &str = "--floor-ws-echo";
+/// Sentinel: a process that echoes every stdin line to stdout.
+pub const LINE_ECHO: &str = "--floor-line-echo";
+
+/// Runs a floor server if `args[1]` asks for one; returns its exit code.
+pub fn dispatch(args: &[String]) -> Option<i32> {
+    match args.get(1).map(String::as_str) {
+        Some(WS_ECHO) => Some(ws_echo()),
+        Some(LINE_ECHO) => Some(line_echo()),
+        _ => None,
+    }
+}
+
+fn ws_echo() -> i32 {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        println!("ws://{}", listener.local_addr().expect("address"));
+        std::io::stdout().flush().expect("flush");
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
+                    return;
+                };
+                while let Some(Ok(message)) = ws.next().await {
+                    if matches!(message, Message::Text(_) | Message::Binary(_))
+                        && ws.send(message).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
+fn line_echo() -> i32 {
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout().lock();
+    let mut line = String::new();
+    let mut input = stdin.lock();
+    loop {
+        line.clear();
+        match input.read_line(&mut line) {
+            Ok(0) | Err(_) => return 0,
+            Ok(_) => {
+                if stdout
+                    .write_all(line.as_bytes())
+                    .and_then(|_| stdout.flush())
+                    .is_err()
+                {
+                    return 0;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Sequential round trips: `environment/status` against a bare echo of the same bytes.
+
+use std::time::{Duration, Instant};
+
+use super::stats::median_p99;
+use crate::report::{Row, Unit};
+use crate::target::{StdioProcess, WsProcess};
+use crate::wire;
+use crate::Budget;
+
+fn status_request(id: i64) -> String {
+    format!(r#"{{"id":{id},"method":"environment/status"}}"#)
+}
+
+async fn ws_samples(url: &str, handshake: bool, count: usize) -> Vec<Duration> {
+    let mut ws = wire::ws_connect(url).await;
+    if handshake {
+        wire::ws_handshake(&mut ws).await;
+    }
+    let mut samples = Vec::with_capacity(count);
+    // The first tenth warms up caches and the runtime; it is not recorded.
+    for id in 1..=(count + count / 10) as i64 {
+        let text = status_request(id);
+        let start = Instant::now();
+        wire::ws_round_trip(&mut ws, &text, id).await;
+        if id as usize > count / 10 {
+            samples.push(start.elapsed());
+        }
+    }
+    samples
+}
+
+pub async fn rtt_ws(budget: Budget) -> Row {
+    let floor = WsProcess::echo_floor().await;
+    let (floor_median, _) =
+        median_p99(&mut ws_samples(&floor.url, false, budget.round_trips).await);
+    drop(floor);
+    let server = WsProcess::exec_server(&[]).await;
+    let (median, p99) = median_p99(&mut ws_samples(&server.url, true, budget.round_trips).await);
+    Row {
+        key: "rtt_ws",
+        what: "environment/status round trip over websocket",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor_median),
+        target: "≤ 1.5× floor",
+        met: median <= 1.5 * floor_median,
+    }
+}
+
+async fn line_samples(p: &mut StdioProcess, count: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(count);
+    for id in 1..=(count + count / 10) as i64 {
+        let text = status_request(id);
+        let start = Instant::now();
+        wire::line_send(p, &text).await;
+        wire::line_recv(p).await;
+        if id as usize > count / 10 {
+            samples.push(start.elapsed());
+        }
+    }
+    samples
+}
+
+pub async fn rtt_stdio(budget: Budget) -> Row {
+    let mut floor = StdioProcess::echo_floor();
+    let (floor_median, _) = median_p99(&mut line_samples(&mut floor, budget.round_trips).await);
+    drop(floor);
+    let mut server = StdioProcess::exec_server();
+    wire::line_handshake(&mut server).await;
+    let (median, p99) = median_p99(&mut line_samples(&mut server, budget.round_trips).await);
+    Row {
+        key: "rtt_stdio",
+        what: "environment/status round trip over stdio",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor_median),
+        target: "≤ 1.5× floor",
+        met: median <= 1.5 * floor_median,
+    }
+}
