@@ -22,6 +22,7 @@ use tracing::Instrument;
 
 use crate::call::{Call, ConnectionShared};
 use crate::extensions::Extensions;
+use crate::metrics;
 use crate::plugin::{decode_params, encode_result as encode_value};
 use crate::server::ServerContext;
 use crate::session::{Outbound, Session};
@@ -61,6 +62,19 @@ pub async fn serve_connection<S>(
 ) where
     S: Stream<Item = Inbound> + Send + Unpin,
 {
+    let labels = [("transport", info.transport)];
+    metrics::counter(
+        "exec_server_connections_total",
+        "Connections accepted, by transport.",
+        &labels,
+    )
+    .inc();
+    let active = metrics::gauge(
+        "exec_server_connections_active",
+        "Connections open now, by transport.",
+        &labels,
+    );
+    active.inc();
     let shared = Arc::new(ConnectionShared {
         extensions: Extensions::default(),
         closed: CancellationToken::new(),
@@ -79,6 +93,7 @@ pub async fn serve_connection<S>(
     tracing::debug!(transport = processor.info.transport, "connection opened");
     processor.run(inbound).await;
     processor.finish();
+    active.dec();
 }
 
 struct Processor {
@@ -185,37 +200,36 @@ impl Processor {
     ) {
         if method == INITIALIZE {
             let result = self.initialize(params);
+            self.server.initialize_metrics.record(result.is_ok());
             return self.reply(&id, result).await;
         }
         let Some(route) = self.server.router.get(&method) else {
+            self.server.unknown_method_metrics.record(false);
             return self
                 .reply(&id, Err(RpcError::unknown_method(&method)))
                 .await;
         };
-        let Some(handler) = route.handler.clone() else {
-            return self
-                .reply(&id, Err(RpcError::method_disabled(&method)))
-                .await;
-        };
-        let family = route.family;
-        let (session, generation) = match &self.session {
-            None => {
-                return self
-                    .reply(&id, Err(RpcError::not_initialized(family)))
-                    .await
+        let metrics = route.metrics.clone();
+        let gate = match (&route.handler, &self.session) {
+            (None, _) => Err(RpcError::method_disabled(&method)),
+            (Some(_), None) => Err(RpcError::not_initialized(route.family)),
+            (Some(_), Some((session, generation))) if session.generation() != *generation => {
+                Err(RpcError::session_resumed_elsewhere())
             }
-            Some((session, generation)) => (Arc::clone(session), *generation),
+            (Some(_), Some(_)) if !self.initialized => {
+                Err(RpcError::not_initialized_notification(route.family))
+            }
+            (Some(handler), Some((session, generation))) => {
+                Ok((Arc::clone(handler), Arc::clone(session), *generation))
+            }
         };
-        if session.generation() != generation {
-            return self
-                .reply(&id, Err(RpcError::session_resumed_elsewhere()))
-                .await;
-        }
-        if !self.initialized {
-            return self
-                .reply(&id, Err(RpcError::not_initialized_notification(family)))
-                .await;
-        }
+        let (handler, session, generation) = match gate {
+            Ok(ready) => ready,
+            Err(error) => {
+                metrics.record(false);
+                return self.reply(&id, Err(error)).await;
+            }
+        };
 
         let permit = Arc::clone(&self.in_flight)
             .acquire_owned()
@@ -231,9 +245,16 @@ impl Processor {
             in_flight: Some(permit),
         };
         let outbound = self.outbound.clone();
-        let span = tracing::debug_span!("request", %method, %id, traceparent);
+        let span = tracing::debug_span!(
+            "request",
+            %method,
+            %id,
+            traceparent,
+            result = tracing::field::Empty
+        );
         self.tasks.spawn(
             async move {
+                let started = std::time::Instant::now();
                 let outcome = AssertUnwindSafe(handler.call(call, params))
                     .catch_unwind()
                     .await;
@@ -250,8 +271,17 @@ impl Processor {
                         )))
                     }
                 };
-                if let Err(error) = &result {
-                    tracing::debug!(code = error.code, message = %error.message, "request failed");
+                metrics.duration.observe(started.elapsed());
+                metrics.record(result.is_ok());
+                let span = tracing::Span::current();
+                match &result {
+                    Ok(_) => {
+                        span.record("result", "ok");
+                    }
+                    Err(error) => {
+                        span.record("result", "error");
+                        tracing::debug!(code = error.code, message = %error.message, "request failed");
+                    }
                 }
                 send_reply(&outbound, &id, result).await;
                 response_queued.cancel();

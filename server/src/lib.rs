@@ -9,6 +9,7 @@
 //! * [`server`] — the shared [`ServerContext`], listener registry, start-up and shutdown.
 //! * [`transport`] — the stdio and WebSocket listeners.
 //! * [`in_process`] — a connection without a transport, for tests and embedding.
+//! * [`metrics`] — process-wide counters, gauges and histograms for `/metrics`.
 //! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
 
 pub mod call;
@@ -16,6 +17,7 @@ pub mod connection;
 pub mod extensions;
 pub mod helpers;
 pub mod in_process;
+pub mod metrics;
 pub mod plugin;
 pub mod router;
 pub mod server;

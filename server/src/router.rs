@@ -13,6 +13,7 @@ use exec_server_config::core::CORE_TABLES;
 use exec_server_config::{ConfigError, ConfigSource, CoreConfig};
 use exec_server_proto::initialize::{INITIALIZE, INITIALIZED};
 
+use crate::metrics;
 use crate::plugin::{Install, Method, Plugin};
 
 /// Why the server cannot start.
@@ -166,6 +167,50 @@ pub struct Route {
     pub family: &'static str,
     /// `None` when the operator disabled the method (it answers -32601 "disabled").
     pub handler: Option<Arc<dyn Method>>,
+    /// This method's request counters and duration histogram.
+    pub metrics: RequestMetrics,
+}
+
+/// Per-method request metrics, created once so the hot path only bumps atomics.
+#[derive(Clone)]
+pub struct RequestMetrics {
+    pub ok: metrics::Counter,
+    pub error: metrics::Counter,
+    pub duration: metrics::Histogram,
+}
+
+impl RequestMetrics {
+    /// The series of `method` (a registered name, or a fixed placeholder for unknown ones).
+    pub fn for_method(method: &'static str) -> Self {
+        const REQUESTS: &str = "exec_server_requests_total";
+        const REQUESTS_HELP: &str = "Requests answered, by method and result.";
+        Self {
+            ok: metrics::counter(
+                REQUESTS,
+                REQUESTS_HELP,
+                &[("method", method), ("result", "ok")],
+            ),
+            error: metrics::counter(
+                REQUESTS,
+                REQUESTS_HELP,
+                &[("method", method), ("result", "error")],
+            ),
+            duration: metrics::histogram(
+                "exec_server_request_duration_seconds",
+                "Time from dispatch to response of requests that reached their handler.",
+                &[("method", method)],
+            ),
+        }
+    }
+
+    /// Counts one answer.
+    pub fn record(&self, ok: bool) {
+        if ok {
+            self.ok.inc();
+        } else {
+            self.error.inc();
+        }
+    }
 }
 
 /// The installed method table.
@@ -219,6 +264,7 @@ impl Router {
                         plugin: plugin.name,
                         family: method.family,
                         handler: if entry.enabled { handler } else { None },
+                        metrics: RequestMetrics::for_method(method.name),
                     },
                 );
             }

@@ -11,7 +11,7 @@ use exec_server_proto::decode::DecodeLimits;
 use tokio_util::sync::CancellationToken;
 
 use crate::plugin::plugins;
-use crate::router::{MethodPlan, Router, StartupError};
+use crate::router::{MethodPlan, RequestMetrics, Router, StartupError};
 use crate::session::SessionRegistry;
 
 /// What every connection of a server shares.
@@ -24,6 +24,10 @@ pub struct ServerContext {
     pub shutdown: CancellationToken,
     /// `false` once shutdown has begun: `/readyz` answers 503.
     ready: AtomicBool,
+    /// Request metrics of `initialize`, which has no route.
+    pub(crate) initialize_metrics: RequestMetrics,
+    /// Request metrics of unknown methods, under one placeholder label.
+    pub(crate) unknown_method_metrics: RequestMetrics,
 }
 
 impl ServerContext {
@@ -41,6 +45,8 @@ impl ServerContext {
             router,
             shutdown: CancellationToken::new(),
             ready: AtomicBool::new(true),
+            initialize_metrics: RequestMetrics::for_method("initialize"),
+            unknown_method_metrics: RequestMetrics::for_method("(unknown)"),
         }))
     }
 

@@ -121,10 +121,34 @@ async fn route(
             }
         }
         "/livez" if is_get => StatusCode::OK.into_response(),
-        "/readyz" | "/livez" => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+        "/metrics" if is_get => metrics_response(&server, request.headers()),
+        "/readyz" | "/livez" | "/metrics" => StatusCode::METHOD_NOT_ALLOWED.into_response(),
         "/" => upgrade(server, peer, request).await,
         _ => StatusCode::NOT_FOUND.into_response(),
     }
+}
+
+/// `/metrics` reveals activity, so it is guarded by the bearer token like the upgrade.
+fn metrics_response(server: &ServerContext, headers: &axum::http::HeaderMap) -> Response {
+    if let Some(expected) = &server.core.websocket.bearer_token {
+        if !bearer_matches(headers.get(header::AUTHORIZATION), expected) {
+            return unauthorized();
+        }
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::render(),
+    )
+        .into_response()
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "a valid bearer token is required\n",
+    )
+        .into_response()
 }
 
 async fn upgrade(
@@ -139,12 +163,7 @@ async fn upgrade(
     };
     if let Some(expected) = &server.core.websocket.bearer_token {
         if !bearer_matches(parts.headers.get(header::AUTHORIZATION), expected) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                "a valid bearer token is required\n",
-            )
-                .into_response();
+            return unauthorized();
         }
     }
     if !server.is_ready() {
