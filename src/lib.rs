@@ -1,0 +1,185 @@
+//! exec-server as a library: everything the `exec-server` binary does, so a host binary can
+//! add its own plugins and still be the same server.
+//!
+//! The binary's `main` is one call, [`main`]. A team's own binary that adds a plugin crate:
+//!
+//! ```ignore
+//! use exec_server_plugin_hello as _; // links the crate, so its plugin registers
+//!
+//! fn main() -> std::process::ExitCode {
+//!     exec_server::main_with_plugins(&[("hello", "exec-server-plugin-hello")])
+//! }
+//! ```
+//!
+//! * [`cli`] — the command line.
+
+pub mod cli;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use exec_server_config::core::CONNECTION_TOKEN_ENV;
+use exec_server_config::{ConfigSource, CoreConfig};
+use exec_server_core::router::MethodPlan;
+use exec_server_core::server::{open_configured_transports, open_listeners, run};
+use exec_server_core::{plugin, ServerContext, StartupError};
+
+// The inventory caveat: a crate nothing references is not linked and registers nothing.
+use exec_server_environment as _;
+use exec_server_fs as _;
+use exec_server_process as _;
+
+/// Plugins this library is built with, and the crate that provides each.
+pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
+    ("environment", "exec-server-environment"),
+    ("fs", "exec-server-fs"),
+    ("process", "exec-server-process"),
+];
+
+/// Exit status of every start-up and configuration error (PROTOCOL §7).
+const EXIT_CONFIG: u8 = 2;
+
+/// Runs exec-server with the built-in plugins: dispatches hidden helpers first, then parses
+/// the command line, loads configuration and serves.
+pub fn main() -> ExitCode {
+    main_with_plugins(&[])
+}
+
+/// Like [`main`], for a host binary that links more plugin crates: `extra` names each added
+/// plugin and its crate, so start-up fails with the crate's name if it was not linked.
+pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = exec_server_core::helpers::dispatch_hidden_helper(&args) {
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    let cli = cli::Cli::parse_from(args);
+    let expected: Vec<(&str, &str)> = BUILT_IN_PLUGINS.iter().chain(extra).copied().collect();
+    match start(cli, &expected) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
+    check_linked_plugins(expected)?;
+    let source = ConfigSource::load(cli.config.as_deref(), cli.overrides())?;
+    let core = CoreConfig::from_source(&source, std::env::var(CONNECTION_TOKEN_ENV).ok())?;
+    match cli.command {
+        Some(cli::Command::Methods) => print_methods(&source, &core),
+        Some(cli::Command::Config) => print_config(&source, &core),
+        None => serve(source, core),
+    }
+}
+
+/// Fails with the crate name when a plugin this binary should have is not registered.
+fn check_linked_plugins(expected: &[(&str, &str)]) -> Result<(), StartupError> {
+    let registered: Vec<&str> = plugin::plugins().iter().map(|p| p.name).collect();
+    for (name, krate) in expected {
+        if !registered.contains(name) {
+            return Err(StartupError(format!(
+                "plugin `{name}` is not registered: the crate `{krate}` was not linked into this binary (reference it with `use {} as _;`)",
+                krate.replace('-', "_")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn print_methods(source: &ConfigSource, core: &CoreConfig) -> Result<(), StartupError> {
+    let plan = MethodPlan::new(source, core, &plugin::plugins())?;
+    let width = plan
+        .methods
+        .iter()
+        .map(|m| m.name.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!(
+        "{:width$}  {:12}  {:8}  family",
+        "method", "plugin", "enabled"
+    );
+    for m in &plan.methods {
+        let enabled = if m.enabled { "yes" } else { "disabled" };
+        println!(
+            "{:width$}  {:12}  {:8}  {}",
+            m.name, m.plugin, enabled, m.family
+        );
+    }
+    println!();
+    for (plugin, enabled) in &plan.plugins {
+        let state = if *enabled { "" } else { " (disabled)" };
+        println!("plugin {}{state}: {}", plugin.name, plugin.summary);
+    }
+    Ok(())
+}
+
+fn print_config(source: &ConfigSource, core: &CoreConfig) -> Result<(), StartupError> {
+    let plan = MethodPlan::new(source, core, &plugin::plugins())?;
+    let mut effective = core.to_redacted_json();
+    for (name, section) in plan.plugin_config {
+        effective[name] = section;
+    }
+    let text = toml::to_string_pretty(&without_nulls(effective))
+        .map_err(|e| StartupError(format!("failed to print the configuration: {e}")))?;
+    print!("{text}");
+    Ok(())
+}
+
+/// TOML has no null: unset optional keys are left out.
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => map
+            .into_iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k, without_nulls(v)))
+            .collect(),
+        other => other,
+    }
+}
+
+fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
+    init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        let mut urls = core.server.listen.clone();
+        let server: Arc<ServerContext> = ServerContext::new(&source, core)?;
+        let configured = open_configured_transports(&source, &server)?;
+        // With no listener and no configured transport (remote mode), listen locally.
+        if urls.is_empty() && configured.is_empty() {
+            urls.push("ws://127.0.0.1:0".to_owned());
+        }
+        let mut listeners = open_listeners(&urls, &server)?;
+        listeners.extend(configured);
+        run(server, listeners, shutdown_signal()).await
+    })?;
+    // Plugins may hold blocking threads (process spawner, waiters); do not wait for them.
+    std::process::exit(0);
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
