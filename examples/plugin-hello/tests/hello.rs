@@ -1,0 +1,186 @@
+//! The hello plugin through its real host binary, over stdio.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+
+struct Server {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Server {
+    fn start(env: &[(&str, &str)], args: &[&str]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_exec-server-hello"));
+        cmd.args(["--listen", "stdio"])
+            .args(args)
+            .env("RUST_LOG", "warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn send(&mut self, message: Value) {
+        writeln!(self.stdin, "{message}").unwrap();
+    }
+
+    fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    fn handshake(&mut self) {
+        self.send(json!({"id": 0, "method": "initialize", "params": {"clientName": "t"}}));
+        assert!(self.recv()["result"]["sessionId"].is_string());
+        self.send(json!({"method": "initialized"}));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn greets_counts_per_session_and_notifies_after_the_response() {
+    let mut server = Server::start(&[], &[]);
+    server.handshake();
+    server.send(json!({"id": 1, "method": "hello/greet", "params": {"name": "Ada"}}));
+    assert_eq!(
+        server.recv(),
+        json!({"id": 1, "result": {"greeting": "Hello, Ada!", "count": 1}})
+    );
+    assert_eq!(
+        server.recv(),
+        json!({"method": "hello/greeted", "params": {"count": 1}})
+    );
+    server.send(json!({"id": 2, "method": "hello/greet", "params": {"name": "Bo", "shout": true}}));
+    assert_eq!(
+        server.recv(),
+        json!({"id": 2, "result": {"greeting": "HELLO, BO!", "count": 2}})
+    );
+    assert_eq!(server.recv()["params"]["count"], 2);
+    // Typed params: a missing member is -32602 with serde's text.
+    server.send(json!({"id": 3, "method": "hello/greet", "params": {}}));
+    let reply = server.recv();
+    assert_eq!(reply["error"]["code"], -32602);
+    assert!(
+        reply["error"]["message"].as_str().unwrap().contains("name"),
+        "{reply}"
+    );
+    // The built-in families are all there too.
+    server.send(json!({"id": 4, "method": "environment/status"}));
+    assert_eq!(
+        server.recv(),
+        json!({"id": 4, "result": {"status": "ready"}})
+    );
+}
+
+#[test]
+fn the_config_key_comes_from_every_layer() {
+    let mut server = Server::start(&[("EXEC_SERVER_HELLO__GREETING", "Hi")], &[]);
+    server.handshake();
+    server.send(json!({"id": 1, "method": "hello/greet", "params": {"name": "Ada"}}));
+    assert_eq!(server.recv()["result"]["greeting"], "Hi, Ada!");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_exec-server-hello"))
+        .arg("config")
+        .env("EXEC_SERVER_HELLO__GREETING", "Hey")
+        .output()
+        .unwrap();
+    let printed: toml_like::Table = toml_like::parse(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        printed.get("hello.greeting").map(String::as_str),
+        Some("\"Hey\"")
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_exec-server-hello"))
+        .env("EXEC_SERVER_HELLO__GREETNG", "typo")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("invalid config: unknown key hello.greetng"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn operators_can_switch_the_plugin_off() {
+    for env in [
+        ("EXEC_SERVER_PLUGINS__HELLO__ENABLED", "false"),
+        ("EXEC_SERVER_METHODS__DISABLED", "[\"hello/*\"]"),
+    ] {
+        let mut server = Server::start(&[env], &[]);
+        server.handshake();
+        server.send(json!({"id": 1, "method": "hello/greet", "params": {"name": "Ada"}}));
+        assert_eq!(
+            server.recv()["error"],
+            json!({"code": -32601, "message": "method `hello/greet` is disabled on this server"})
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_exec-server-hello"))
+            .arg("methods")
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&out.stdout);
+        let row = listing
+            .lines()
+            .find(|l| l.starts_with("hello/greet "))
+            .unwrap();
+        assert!(row.contains("disabled"), "{row}");
+    }
+}
+
+#[test]
+fn a_host_that_does_not_link_the_crate_refuses_to_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_exec-server-hello-unlinked"))
+        .args(["--listen", "stdio"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "plugin `hello` is not registered: the crate `exec-server-plugin-hello` was not linked"
+        ),
+        "{stderr}"
+    );
+}
+
+/// Just enough of TOML for `exec-server config` output: `[table]` and `key = value`.
+mod toml_like {
+    pub type Table = std::collections::BTreeMap<String, String>;
+
+    pub fn parse(text: &str) -> Table {
+        let mut table = String::new();
+        let mut out = Table::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                table = name.to_owned();
+            } else if let Some((key, value)) = line.split_once(" = ") {
+                out.insert(format!("{table}.{key}"), value.to_owned());
+            }
+        }
+        out
+    }
+}
