@@ -12,22 +12,30 @@ fn status_request(id: i64) -> String {
     format!(r#"{{"id":{id},"method":"environment/status"}}"#)
 }
 
+/// Times `count` sequential round trips after a warm-up of a tenth as many, which warms
+/// caches and the runtime and is not recorded.
+async fn samples(count: usize, mut round_trip: impl AsyncFnMut(i64)) -> Vec<Duration> {
+    let warm_up = count / 10;
+    let mut samples = Vec::with_capacity(count);
+    for id in 1..=(count + warm_up) as i64 {
+        let start = Instant::now();
+        round_trip(id).await;
+        if id as usize > warm_up {
+            samples.push(start.elapsed());
+        }
+    }
+    samples
+}
+
 async fn ws_samples(url: &str, handshake: bool, count: usize) -> Vec<Duration> {
     let mut ws = wire::ws_connect(url).await;
     if handshake {
         wire::ws_handshake(&mut ws).await;
     }
-    let mut samples = Vec::with_capacity(count);
-    // The first tenth warms up caches and the runtime; it is not recorded.
-    for id in 1..=(count + count / 10) as i64 {
-        let text = status_request(id);
-        let start = Instant::now();
-        wire::ws_round_trip(&mut ws, &text, id).await;
-        if id as usize > count / 10 {
-            samples.push(start.elapsed());
-        }
-    }
-    samples
+    samples(count, async |id| {
+        wire::ws_round_trip(&mut ws, &status_request(id), id).await;
+    })
+    .await
 }
 
 pub async fn rtt_ws(budget: Budget) -> Row {
@@ -50,17 +58,11 @@ pub async fn rtt_ws(budget: Budget) -> Row {
 }
 
 async fn line_samples(p: &mut StdioProcess, count: usize) -> Vec<Duration> {
-    let mut samples = Vec::with_capacity(count);
-    for id in 1..=(count + count / 10) as i64 {
-        let text = status_request(id);
-        let start = Instant::now();
-        wire::line_send(p, &text).await;
+    samples(count, async |id| {
+        wire::line_send(p, &status_request(id)).await;
         wire::line_recv(p).await;
-        if id as usize > count / 10 {
-            samples.push(start.elapsed());
-        }
-    }
-    samples
+    })
+    .await
 }
 
 pub async fn rtt_stdio(budget: Budget) -> Row {
