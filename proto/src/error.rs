@@ -351,6 +351,98 @@ pub fn io_error_text(err: &std::io::Error) -> String {
     err.to_string()
 }
 
+/// Which request family reports a sandbox policy error (SANDBOX.md §2.7): `fs/*` answers
+/// -32600, `process/start` -32602. Shape errors are -32602 for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxRequest {
+    Fs,
+    Process,
+}
+
+impl SandboxRequest {
+    /// The code of a policy error (as opposed to a shape error) for this request family.
+    pub fn policy_error_code(self) -> i64 {
+        match self {
+            Self::Fs => code::INVALID_REQUEST,
+            Self::Process => code::INVALID_PARAMS,
+        }
+    }
+}
+
+// ---- the `sandbox` member (SANDBOX.md §2, §5.6, §12.2) ------------------------------
+
+impl RpcError {
+    pub fn sandbox_needs_one_shape() -> Self {
+        Self::invalid_params("sandbox must contain either permissions or sandboxPolicy")
+    }
+
+    pub fn sandbox_and_top_level_policy() -> Self {
+        Self::invalid_params("sandbox and sandboxPolicy must not both be present")
+    }
+
+    /// A snake_case policy member sent in camelCase (SANDBOX.md §2.2).
+    pub fn sandbox_member_casing(camel: &str, snake: &str) -> Self {
+        Self::invalid_params(format!(
+            "sandbox member `{camel}` must be spelled `{snake}`"
+        ))
+    }
+
+    pub fn glob_pattern_requires_deny() -> Self {
+        Self::invalid_params("glob_pattern entries only support deny access")
+    }
+
+    /// Only `fs/*` can meet this: `process/start` always has its request's `cwd`.
+    pub fn sandbox_requires_cwd() -> Self {
+        Self::invalid_request("file system sandbox context with dynamic permissions requires cwd")
+    }
+
+    pub fn invalid_sandbox_path_uri(request: SandboxRequest, reason: impl fmt::Display) -> Self {
+        Self::new(
+            request.policy_error_code(),
+            format!("invalid sandbox permission path URI: {reason}"),
+        )
+    }
+
+    pub fn sandbox_workspace_root_not_native(
+        request: SandboxRequest,
+        reason: impl fmt::Display,
+    ) -> Self {
+        Self::new(
+            request.policy_error_code(),
+            format!(
+                "file system sandbox workspace root is not native to this exec-server host: {reason}"
+            ),
+        )
+    }
+
+    pub fn invalid_project_roots_subpath(request: SandboxRequest, subpath: &str) -> Self {
+        Self::new(
+            request.policy_error_code(),
+            format!("invalid project_roots subpath {subpath}"),
+        )
+    }
+
+    pub fn fs_sandbox_prepare(reason: impl fmt::Display) -> Self {
+        Self::invalid_request(format!("failed to prepare fs sandbox: {reason}"))
+    }
+
+    /// A user-space refusal of the fs helper (SANDBOX.md §5.6); `path` is the resolved path.
+    pub fn sandbox_read_denied(path: &str) -> Self {
+        Self::invalid_request(format!(
+            "read access to {path} is not permitted by the filesystem sandbox"
+        ))
+        .with_sandbox_denied()
+    }
+
+    /// A user-space refusal of the fs helper (SANDBOX.md §5.6); `path` is the resolved path.
+    pub fn sandbox_write_denied(path: &str) -> Self {
+        Self::invalid_request(format!(
+            "write access to {path} is not permitted by the filesystem sandbox"
+        ))
+        .with_sandbox_denied()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

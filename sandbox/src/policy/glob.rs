@@ -1,0 +1,267 @@
+//! Glob patterns of `deny` entries (SANDBOX.md §2.4.4): parsing and matching against
+//! resolved absolute paths.
+//!
+//! `*` and `?` match within one path component, a component that is exactly `**` matches
+//! any number of components (including none), `[…]` is a character class (`!` or `^`
+//! negates, `a-z` ranges, a `]` right after the opening bracket is literal). There is no
+//! brace expansion and no backslash escape; a metacharacter is written literally as a
+//! one-character class (`[*]`). A pattern denies every path it matches **and everything
+//! beneath** such a path, so matching accepts as soon as the pattern is used up.
+//!
+//! Hand-written rather than a crate: the whole grammar is the few lines below, and the
+//! "or beneath" rule would need extra patterns with `globset`.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::path::{Component, Path};
+
+/// An absolute glob pattern, compiled once.
+#[derive(Clone)]
+pub struct GlobPattern {
+    source: String,
+    segments: Vec<Segment>,
+}
+
+#[derive(Debug, Clone)]
+enum Segment {
+    /// `**`: any number of whole components.
+    AnyDepth,
+    /// One component matched by wildcard tokens.
+    Component(Vec<Token>),
+}
+
+#[derive(Debug, Clone)]
+enum Token {
+    Literal(char),
+    /// `?`
+    AnyChar,
+    /// `*`
+    AnyRun,
+    Class {
+        negated: bool,
+        ranges: Vec<(char, char)>,
+    },
+}
+
+/// Characters that make a component a pattern rather than a literal name.
+pub(crate) fn has_meta(component: &str) -> bool {
+    component.contains(['*', '?', '['])
+}
+
+/// Writes a literal name so that it matches only itself inside a pattern.
+pub(crate) fn escape(literal: &str) -> String {
+    let mut out = String::with_capacity(literal.len());
+    for c in literal.chars() {
+        match c {
+            '*' | '?' | '[' => {
+                out.push('[');
+                out.push(c);
+                out.push(']');
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+impl GlobPattern {
+    /// Compiles an absolute pattern (starting with `/`); the error text says what is wrong.
+    pub fn new(source: &str) -> Result<Self, String> {
+        if !source.starts_with('/') {
+            return Err(format!("glob pattern `{source}` is not absolute"));
+        }
+        let segments = source
+            .split('/')
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                if c == "**" {
+                    Ok(Segment::AnyDepth)
+                } else {
+                    parse_component(c)
+                        .map(Segment::Component)
+                        .map_err(|reason| format!("invalid glob pattern `{source}`: {reason}"))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            source: source.to_owned(),
+            segments,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// True when the pattern matches `path` or one of its ancestors. `path` must be
+    /// absolute and resolved (no `.`/`..`); names that are not UTF-8 are compared lossily.
+    pub fn matches_or_beneath(&self, path: &Path) -> bool {
+        let names: Vec<Vec<char>> = path
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(name) => Some(name.to_string_lossy().chars().collect()),
+                _ => None,
+            })
+            .collect();
+        // reachable[i]: the segments seen so far can consume exactly the first i names.
+        let mut reachable = vec![false; names.len() + 1];
+        reachable[0] = true;
+        for segment in &self.segments {
+            let mut next = vec![false; names.len() + 1];
+            for i in (0..=names.len()).filter(|&i| reachable[i]) {
+                match segment {
+                    Segment::AnyDepth => next[i..].iter_mut().for_each(|r| *r = true),
+                    Segment::Component(tokens) => {
+                        if i < names.len() && match_component(tokens, &names[i]) {
+                            next[i + 1] = true;
+                        }
+                    }
+                }
+            }
+            if !next.contains(&true) {
+                return false;
+            }
+            reachable = next;
+        }
+        // Anything left over is beneath the match.
+        true
+    }
+}
+
+fn parse_component(component: &str) -> Result<Vec<Token>, String> {
+    let chars: Vec<char> = component.chars().collect();
+    let mut tokens = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '*' => {
+                if !matches!(tokens.last(), Some(Token::AnyRun)) {
+                    tokens.push(Token::AnyRun);
+                }
+                i += 1;
+            }
+            '?' => {
+                tokens.push(Token::AnyChar);
+                i += 1;
+            }
+            '[' => {
+                let (token, next) = parse_class(&chars, i)?;
+                tokens.push(token);
+                i = next;
+            }
+            c => {
+                tokens.push(Token::Literal(c));
+                i += 1;
+            }
+        }
+    }
+    Ok(tokens)
+}
+
+/// Parses the class starting at `chars[open] == '['`; returns it and the index after `]`.
+fn parse_class(chars: &[char], open: usize) -> Result<(Token, usize), String> {
+    let mut i = open + 1;
+    let negated = matches!(chars.get(i), Some('!' | '^'));
+    if negated {
+        i += 1;
+    }
+    let first = i;
+    let mut ranges = Vec::new();
+    loop {
+        let Some(&c) = chars.get(i) else {
+            return Err("unclosed character class".to_owned());
+        };
+        if c == ']' && i > first {
+            return Ok((Token::Class { negated, ranges }, i + 1));
+        }
+        match (chars.get(i + 1), chars.get(i + 2)) {
+            (Some('-'), Some(&end)) if end != ']' => {
+                if end < c {
+                    return Err(format!("invalid character range `{c}-{end}`"));
+                }
+                ranges.push((c, end));
+                i += 3;
+            }
+            _ => {
+                ranges.push((c, c));
+                i += 1;
+            }
+        }
+    }
+}
+
+fn token_matches_char(token: &Token, c: char) -> bool {
+    match token {
+        Token::Literal(l) => *l == c,
+        Token::AnyChar => true,
+        Token::AnyRun => unreachable!("runs are handled by the matcher"),
+        Token::Class { negated, ranges } => {
+            ranges.iter().any(|&(lo, hi)| lo <= c && c <= hi) != *negated
+        }
+    }
+}
+
+/// Wildcard matching of one name: linear backtracking to the most recent `*`.
+fn match_component(tokens: &[Token], name: &[char]) -> bool {
+    let (mut t, mut n) = (0, 0);
+    let mut resume: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match tokens.get(t) {
+            Some(Token::AnyRun) => {
+                resume = Some((t, n));
+                t += 1;
+            }
+            Some(token) if token_matches_char(token, name[n]) => {
+                t += 1;
+                n += 1;
+            }
+            _ => match resume {
+                Some((star, consumed)) => {
+                    t = star + 1;
+                    n = consumed + 1;
+                    resume = Some((star, consumed + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    tokens[t..]
+        .iter()
+        .all(|token| matches!(token, Token::AnyRun))
+}
+
+impl fmt::Debug for GlobPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("GlobPattern").field(&self.source).finish()
+    }
+}
+
+impl fmt::Display for GlobPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl PartialEq for GlobPattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for GlobPattern {}
+
+impl PartialOrd for GlobPattern {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for GlobPattern {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.source.cmp(&other.source)
+    }
+}
+
+#[cfg(test)]
+#[path = "glob_tests.rs"]
+mod tests;
