@@ -96,12 +96,17 @@ fn parse_file_uri(value: &str) -> Result<PathBuf, PathError> {
             "file URI must contain an absolute path".into(),
         ));
     }
-    let bytes = percent_decode(raw_path)?;
-    if is_drive_letter_path(&bytes) {
+    // Split before percent-decoding, so an encoded `/` (`%2F`) never takes part in
+    // resolving `.` and `..`.
+    let segments = raw_path[1..]
+        .split('/')
+        .map(percent_decode)
+        .collect::<Result<Vec<_>, _>>()?;
+    if is_drive_letter(&segments[0]) {
         return Err(PathError::ForeignOs(foreign_os_reason(value)));
     }
     Ok(PathBuf::from(OsString::from_vec(remove_dot_segments(
-        &bytes,
+        &segments,
     ))))
 }
 
@@ -131,29 +136,28 @@ fn percent_decode(s: &str) -> Result<Vec<u8>, PathError> {
     Ok(out)
 }
 
-/// `/C:/…` or `/c|/…`: a Windows drive letter as the first segment.
-fn is_drive_letter_path(path: &[u8]) -> bool {
-    let first = path[1..].split(|&b| b == b'/').next().unwrap_or_default();
+/// `C:` or `c|` (the first segment of `/C:/…`): a Windows drive letter.
+fn is_drive_letter(first: &[u8]) -> bool {
     first.len() == 2 && first[0].is_ascii_alphabetic() && matches!(first[1], b':' | b'|')
 }
 
-/// RFC 3986 §5.2.4 on an absolute path: `.` segments vanish, `..` removes its parent
-/// (never above the root).
-fn remove_dot_segments(path: &[u8]) -> Vec<u8> {
+/// RFC 3986 §5.2.4 on the decoded segments of an absolute path: `.` segments vanish, `..`
+/// removes its parent (never above the root). `%2E` counts as `.`, as in URI normalisation.
+fn remove_dot_segments(decoded: &[Vec<u8>]) -> Vec<u8> {
     let mut segments: Vec<&[u8]> = Vec::new();
     let mut trailing_slash = false;
-    for segment in path[1..].split(|&b| b == b'/') {
+    for segment in decoded {
         trailing_slash = false;
-        match segment {
+        match segment.as_slice() {
             b"." => trailing_slash = true,
             b".." => {
                 segments.pop();
                 trailing_slash = true;
             }
-            _ => segments.push(segment),
+            other => segments.push(other),
         }
     }
-    let mut out = Vec::with_capacity(path.len());
+    let mut out = Vec::with_capacity(decoded.iter().map(|s| s.len() + 1).sum());
     for segment in &segments {
         out.push(b'/');
         out.extend_from_slice(segment);
@@ -224,6 +228,11 @@ mod tests {
         assert_eq!(ok("file:///tmp/./a/../b"), b"/tmp/b");
         assert_eq!(ok("file:///../.."), b"/");
         assert_eq!(ok("/tmp/./x/../y"), b"/tmp/./x/../y");
+        assert_eq!(ok("file:///tmp/x/"), b"/tmp/x/");
+        assert_eq!(ok("file:///tmp/x/.."), b"/tmp/");
+        assert_eq!(ok("file:///tmp/%2e%2E/x/%2E"), b"/x/");
+        assert_eq!(ok("file:///a/b%2F..%2Fc"), b"/a/b/../c");
+        assert_eq!(ok("file:///"), b"/");
     }
 
     #[test]
@@ -246,6 +255,10 @@ mod tests {
                 "{bad}"
             );
         }
+        assert!(matches!(
+            parse_path("file:///c%7C/x"),
+            Err(PathError::ForeignOs(_))
+        ));
         assert_eq!(
             parse_path("file:///C:/Users/x"),
             Err(PathError::ForeignOs(

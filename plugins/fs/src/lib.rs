@@ -1,11 +1,82 @@
-//! The `fs/*` plugin (placeholder until the family lands).
+//! The `fs/*` plugin (PROTOCOL §5): files, directories, tree walks and streamed reads on
+//! the server's host, with the server's user rights.
+//!
+//! * `config` — the `[fs]` table: the limits of §7.
+//! * `routing` — what a request's `sandbox` means for where it runs (§5.2.2).
+//! * `blocking` — runs filesystem work on the blocking pool and maps OS errors (§5.3).
+//! * `paths` — wire paths to host paths, and host paths back to message text (§5.1).
+//! * `payload` — owned bytes serialized as base64 straight into the response.
+//! * `nonblocking` — opening files without ever waiting on a FIFO.
+//! * `read_file`, `write_file`, `create_directory`, `metadata` (`fs/getMetadata`,
+//!   `fs/canonicalize`), `read_directory`, `walk`, `remove`, `copy` — one module per
+//!   method.
+//! * `handles` — `fs/open`, `fs/readBlock`, `fs/close` and the per-connection handle table.
+//!
+//! Every method decodes its params (paths included), runs its own validation, routes on
+//! `sandbox`, and only then touches the file system, on the blocking pool.
+
+mod blocking;
+mod config;
+mod copy;
+mod create_directory;
+mod handles;
+mod metadata;
+mod nonblocking;
+mod paths;
+mod payload;
+mod read_directory;
+mod read_file;
+mod remove;
+mod routing;
+mod walk;
+mod write_file;
+
+use std::sync::Arc;
+
+use exec_server_core::proto::fs::{
+    CANONICALIZE, CLOSE, COPY, CREATE_DIRECTORY, FAMILY_LABEL, GET_METADATA, OPEN, READ_BLOCK,
+    READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_FILE,
+};
+use exec_server_core::{typed_section, Install, InstallError, MethodDecl, Plugin};
+
+pub use config::FsConfig;
 
 exec_server_core::inventory::submit! {
-    exec_server_core::Plugin {
+    Plugin {
         name: "fs",
-        summary: "filesystem methods",
-        methods: &[],
-        config: None,
-        install: |_| Ok(()),
+        summary: "filesystem methods: read, write, list, walk, copy, remove and streamed reads",
+        methods: &[
+            MethodDecl { name: READ_FILE, family: FAMILY_LABEL },
+            MethodDecl { name: WRITE_FILE, family: FAMILY_LABEL },
+            MethodDecl { name: CREATE_DIRECTORY, family: FAMILY_LABEL },
+            MethodDecl { name: GET_METADATA, family: FAMILY_LABEL },
+            MethodDecl { name: CANONICALIZE, family: FAMILY_LABEL },
+            MethodDecl { name: READ_DIRECTORY, family: FAMILY_LABEL },
+            MethodDecl { name: WALK, family: FAMILY_LABEL },
+            MethodDecl { name: REMOVE, family: FAMILY_LABEL },
+            MethodDecl { name: COPY, family: FAMILY_LABEL },
+            MethodDecl { name: OPEN, family: FAMILY_LABEL },
+            MethodDecl { name: READ_BLOCK, family: FAMILY_LABEL },
+            MethodDecl { name: CLOSE, family: FAMILY_LABEL },
+        ],
+        config: Some(typed_section::<FsConfig>),
+        install,
     }
+}
+
+fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
+    let config: Arc<FsConfig> = Arc::new(install.config()?);
+    install.method_with(READ_FILE, &config, read_file::handle);
+    install.method_with(WRITE_FILE, &config, write_file::handle);
+    install.method_with(CREATE_DIRECTORY, &config, create_directory::handle);
+    install.method_with(GET_METADATA, &config, metadata::handle_get_metadata);
+    install.method_with(CANONICALIZE, &config, metadata::handle_canonicalize);
+    install.method_with(READ_DIRECTORY, &config, read_directory::handle);
+    install.method_with(WALK, &config, walk::handle);
+    install.method_with(REMOVE, &config, remove::handle);
+    install.method_with(COPY, &config, copy::handle);
+    install.method_with(OPEN, &config, handles::handle_open);
+    install.method_with(READ_BLOCK, &config, handles::handle_read_block);
+    install.method_with(CLOSE, &config, handles::handle_close);
+    Ok(())
 }

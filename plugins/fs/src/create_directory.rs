@@ -1,0 +1,91 @@
+//! `fs/createDirectory` (PROTOCOL §5.7).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use exec_server_core::proto::bytes::Empty;
+use exec_server_core::proto::fs::CreateDirectoryParams;
+use exec_server_core::proto::RpcError;
+use exec_server_core::Call;
+
+use crate::blocking::IoResultExt;
+use crate::config::FsConfig;
+use crate::paths::host_path;
+use crate::routing::{execute, FsOperation};
+
+pub(crate) async fn handle(
+    _config: Arc<FsConfig>,
+    _cx: Call,
+    params: CreateDirectoryParams,
+) -> Result<Empty, RpcError> {
+    let operation = CreateDirectory {
+        path: host_path(&params.path)?,
+        recursive: params.recursive.unwrap_or(true),
+        follow_symlinks: params.follow_symlinks.unwrap_or(true),
+    };
+    execute(
+        operation,
+        params.sandbox.as_ref(),
+        params.sandbox_policy.as_ref(),
+    )
+    .await?;
+    Ok(Empty {})
+}
+
+/// `fs/createDirectory` with its defaults applied.
+#[derive(Debug)]
+pub(crate) struct CreateDirectory {
+    pub(crate) path: PathBuf,
+    pub(crate) recursive: bool,
+    pub(crate) follow_symlinks: bool,
+}
+
+impl FsOperation for CreateDirectory {
+    type Output = ();
+
+    fn run(self) -> Result<(), RpcError> {
+        create_directory(&self.path, self.recursive, self.follow_symlinks).or_rpc()
+    }
+}
+
+/// `recursive` succeeds on an existing directory; without `follow` a symbolic link in its
+/// place counts as an existing non-directory (§5.4).
+pub(crate) fn create_directory(path: &Path, recursive: bool, follow: bool) -> io::Result<()> {
+    if !recursive {
+        return std::fs::create_dir(path);
+    }
+    if !follow && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(io::Error::from_raw_os_error(libc::EEXIST));
+    }
+    std::fs::create_dir_all(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recursive_creation_is_idempotent_and_honours_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/c");
+        create_directory(&deep, true, true).unwrap();
+        create_directory(&deep, true, true).unwrap();
+        assert!(deep.is_dir());
+
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&deep, &link).unwrap();
+        create_directory(&link, true, true).unwrap();
+        let error = create_directory(&link, true, false).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::EEXIST));
+    }
+
+    #[test]
+    fn single_creation_needs_the_parent_and_refuses_existing_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = create_directory(&dir.path().join("x/y"), false, true).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::NotFound);
+        let error = create_directory(dir.path(), false, true).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::EEXIST));
+    }
+}

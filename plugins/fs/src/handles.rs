@@ -1,0 +1,297 @@
+//! Streamed reads (PROTOCOL §5.14–§5.16): `fs/open` puts a file in the connection's
+//! [`HandleTable`], `fs/readBlock` reads from it at an offset, `fs/close` drops it. The
+//! table is connection state, so every handle closes when its connection ends (§3.5).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use exec_server_core::proto::bytes::Empty;
+use exec_server_core::proto::fs::{
+    CloseParams, HandleResult, OpenParams, ReadBlockParams, ReadBlockResult, MAX_HANDLE_ID_BYTES,
+};
+use exec_server_core::proto::RpcError;
+use exec_server_core::Call;
+
+use crate::blocking::{self, IoResultExt};
+use crate::config::FsConfig;
+use crate::paths::host_path;
+use crate::payload::Base64Bytes;
+use crate::read_file::open_regular;
+use crate::routing::check_streaming;
+
+pub(crate) async fn handle_open(
+    config: Arc<FsConfig>,
+    cx: Call,
+    params: OpenParams,
+) -> Result<HandleResult, RpcError> {
+    let path = host_path(&params.path)?;
+    check_handle_id(&params.handle_id)?;
+    let table = cx.connection_state(HandleTable::default);
+    let reservation = HandleTable::reserve(&table, &params.handle_id, config.max_open_handles)?;
+    check_streaming(params.sandbox.as_ref(), params.sandbox_policy.as_ref())?;
+    let file = blocking::run(move || open_regular(&path, true)).await?;
+    reservation.fill(file);
+    Ok(HandleResult {
+        handle_id: params.handle_id,
+    })
+}
+
+pub(crate) async fn handle_read_block(
+    config: Arc<FsConfig>,
+    cx: Call,
+    params: ReadBlockParams,
+) -> Result<ReadBlockResult<Base64Bytes>, RpcError> {
+    check_handle_id(&params.handle_id)?;
+    let max = config.max_read_block_bytes;
+    if params.len == 0 || params.len > max {
+        return Err(RpcError::block_len_out_of_range(max));
+    }
+    let table = cx.connection_state(HandleTable::default);
+    let file = table
+        .get(&params.handle_id)
+        .ok_or_else(|| RpcError::unknown_handle(&params.handle_id))?;
+    let reader = Arc::clone(&file);
+    let (offset, len) = (params.offset, params.len);
+    match blocking::run(move || read_block(&reader, offset, len).or_rpc()).await {
+        Ok(chunk) => Ok(ReadBlockResult {
+            eof: chunk.len() < len,
+            chunk: Base64Bytes(chunk),
+        }),
+        Err(error) => {
+            table.close_if_same(&params.handle_id, &file);
+            Err(error)
+        }
+    }
+}
+
+pub(crate) async fn handle_close(
+    _config: Arc<FsConfig>,
+    cx: Call,
+    params: CloseParams,
+) -> Result<Empty, RpcError> {
+    check_handle_id(&params.handle_id)?;
+    cx.connection_state(HandleTable::default)
+        .close(&params.handle_id);
+    Ok(Empty {})
+}
+
+fn check_handle_id(id: &str) -> Result<(), RpcError> {
+    if id.len() > MAX_HANDLE_ID_BYTES {
+        return Err(RpcError::handle_id_too_long());
+    }
+    Ok(())
+}
+
+/// Up to `len` bytes at `offset`, without touching a shared file position, so reads on
+/// one handle may run concurrently. Short only at the end of the file.
+pub(crate) fn read_block(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    // No file reaches past i64::MAX, and pread refuses ranges that do.
+    let room = u64::try_from(i64::MAX)
+        .unwrap_or(u64::MAX)
+        .saturating_sub(offset);
+    let wanted = len.min(usize::try_from(room).unwrap_or(usize::MAX));
+    let mut buffer = vec![0u8; wanted];
+    let mut filled = 0;
+    while filled < wanted {
+        match file.read_at(&mut buffer[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buffer.truncate(filled);
+    Ok(buffer)
+}
+
+/// The read handles of one connection, by client-chosen id.
+#[derive(Debug, Default)]
+pub(crate) struct HandleTable {
+    inner: Mutex<Slots>,
+}
+
+#[derive(Debug, Default)]
+struct Slots {
+    by_id: HashMap<String, Slot>,
+    /// Tells reservations apart, so an `fs/open` that finishes after its id was closed and
+    /// reused does not take over the newer slot.
+    next_ticket: u64,
+}
+
+#[derive(Debug)]
+enum Slot {
+    /// Claimed by an `fs/open` that is still opening the file; counts against the limit.
+    Opening(u64),
+    Open(Arc<File>),
+}
+
+impl HandleTable {
+    /// Claims `id` for an `fs/open` (checks 2 and 3 of §5.14). The claim is given back if
+    /// the open fails or is abandoned.
+    pub(crate) fn reserve(
+        table: &Arc<Self>,
+        id: &str,
+        limit: usize,
+    ) -> Result<Reservation, RpcError> {
+        let mut slots = table.lock();
+        if slots.by_id.contains_key(id) {
+            return Err(RpcError::handle_exists(id));
+        }
+        if slots.by_id.len() >= limit {
+            return Err(RpcError::too_many_handles(limit));
+        }
+        slots.next_ticket += 1;
+        let ticket = slots.next_ticket;
+        slots.by_id.insert(id.to_owned(), Slot::Opening(ticket));
+        Ok(Reservation {
+            table: Arc::clone(table),
+            id: id.to_owned(),
+            ticket,
+            filled: false,
+        })
+    }
+
+    /// The open file behind `id`.
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<File>> {
+        match self.lock().by_id.get(id) {
+            Some(Slot::Open(file)) => Some(Arc::clone(file)),
+            _ => None,
+        }
+    }
+
+    /// Closes `id` whatever its state; unknown ids are fine.
+    pub(crate) fn close(&self, id: &str) {
+        let removed = self.lock().by_id.remove(id);
+        drop(removed);
+    }
+
+    /// Closes `id` if it still refers to `file` (a failed read must not close a handle
+    /// opened later under the same id).
+    pub(crate) fn close_if_same(&self, id: &str, file: &Arc<File>) {
+        let mut slots = self.lock();
+        if matches!(slots.by_id.get(id), Some(Slot::Open(f)) if Arc::ptr_eq(f, file)) {
+            slots.by_id.remove(id);
+        }
+    }
+
+    /// Number of ids open or being opened.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().by_id.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        // A panic while holding the lock leaves the map consistent: every update is one call.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// An id claimed by an `fs/open` in progress.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    table: Arc<HandleTable>,
+    id: String,
+    ticket: u64,
+    filled: bool,
+}
+
+impl Reservation {
+    /// Makes the handle readable. If the client closed the id meanwhile, the file is
+    /// dropped: the close was for this handle.
+    pub(crate) fn fill(mut self, file: File) {
+        let mut slots = self.table.lock();
+        if let Some(slot) = slots.by_id.get_mut(&self.id) {
+            if matches!(slot, Slot::Opening(t) if *t == self.ticket) {
+                *slot = Slot::Open(Arc::new(file));
+            }
+        }
+        self.filled = true;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.filled {
+            return;
+        }
+        let mut slots = self.table.lock();
+        if matches!(slots.by_id.get(&self.id), Some(Slot::Opening(t)) if *t == self.ticket) {
+            slots.by_id.remove(&self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(content: &[u8]) -> (tempfile::TempDir, File) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, content).unwrap();
+        let file = File::open(&path).unwrap();
+        (dir, file)
+    }
+
+    #[test]
+    fn blocks_are_positional_and_short_only_at_the_end() {
+        let (_dir, file) = file_with(b"0123456789");
+        assert_eq!(read_block(&file, 2, 3).unwrap(), b"234");
+        assert_eq!(read_block(&file, 0, 2).unwrap(), b"01");
+        assert_eq!(read_block(&file, 8, 5).unwrap(), b"89");
+        assert!(read_block(&file, 10, 5).unwrap().is_empty());
+        assert!(read_block(&file, u64::MAX, 5).unwrap().is_empty());
+        assert!(read_block(&file, i64::MAX as u64 - 1, 5)
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn reservations_claim_ids_and_count_against_the_limit() {
+        let table = Arc::new(HandleTable::default());
+        let first = HandleTable::reserve(&table, "a", 2).unwrap();
+        assert_eq!(
+            HandleTable::reserve(&table, "a", 2).unwrap_err(),
+            RpcError::handle_exists("a")
+        );
+        let second = HandleTable::reserve(&table, "b", 2).unwrap();
+        assert_eq!(
+            HandleTable::reserve(&table, "c", 2).unwrap_err(),
+            RpcError::too_many_handles(2)
+        );
+        assert!(table.get("a").is_none(), "not readable while opening");
+        drop(second);
+        assert_eq!(table.len(), 1);
+        let (_dir, file) = file_with(b"x");
+        first.fill(file);
+        assert!(table.get("a").is_some());
+        table.close("a");
+        table.close("a");
+        assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn a_late_open_does_not_take_over_a_reused_id() {
+        let table = Arc::new(HandleTable::default());
+        let stale = HandleTable::reserve(&table, "a", 4).unwrap();
+        table.close("a");
+        let fresh = HandleTable::reserve(&table, "a", 4).unwrap();
+        let (_dir, old_file) = file_with(b"old");
+        stale.fill(old_file);
+        assert!(table.get("a").is_none());
+        let (_dir2, new_file) = file_with(b"new");
+        fresh.fill(new_file);
+        let file = table.get("a").unwrap();
+        assert_eq!(read_block(&file, 0, 3).unwrap(), b"new");
+        let other = Arc::new(File::open(_dir2.path().join("f")).unwrap());
+        table.close_if_same("a", &other);
+        assert!(table.get("a").is_some());
+        table.close_if_same("a", &file);
+        assert!(table.get("a").is_none());
+    }
+}

@@ -1,0 +1,145 @@
+//! `fs/getMetadata` (PROTOCOL §5.8) and `fs/canonicalize` (§5.9).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use exec_server_core::proto::fs::{CanonicalizeParams, GetMetadataParams, Metadata, PathResult};
+use exec_server_core::proto::path::to_file_uri;
+use exec_server_core::proto::RpcError;
+use exec_server_core::Call;
+
+use crate::blocking::IoResultExt;
+use crate::config::FsConfig;
+use crate::paths::host_path;
+use crate::routing::{execute, FsOperation};
+
+pub(crate) async fn handle_get_metadata(
+    _config: Arc<FsConfig>,
+    _cx: Call,
+    params: GetMetadataParams,
+) -> Result<Metadata, RpcError> {
+    let operation = GetMetadata {
+        path: host_path(&params.path)?,
+        follow_symlinks: params.follow_symlinks.unwrap_or(true),
+    };
+    execute(
+        operation,
+        params.sandbox.as_ref(),
+        params.sandbox_policy.as_ref(),
+    )
+    .await
+}
+
+pub(crate) async fn handle_canonicalize(
+    _config: Arc<FsConfig>,
+    _cx: Call,
+    params: CanonicalizeParams,
+) -> Result<PathResult, RpcError> {
+    let operation = Canonicalize {
+        path: host_path(&params.path)?,
+    };
+    let canonical = execute(
+        operation,
+        params.sandbox.as_ref(),
+        params.sandbox_policy.as_ref(),
+    )
+    .await?;
+    Ok(PathResult {
+        path: to_file_uri(&canonical),
+    })
+}
+
+/// `fs/getMetadata` with its default applied.
+#[derive(Debug)]
+pub(crate) struct GetMetadata {
+    pub(crate) path: PathBuf,
+    pub(crate) follow_symlinks: bool,
+}
+
+impl FsOperation for GetMetadata {
+    type Output = Metadata;
+
+    fn run(self) -> Result<Metadata, RpcError> {
+        metadata(&self.path, self.follow_symlinks).or_rpc()
+    }
+}
+
+/// `fs/canonicalize`.
+#[derive(Debug)]
+pub(crate) struct Canonicalize {
+    pub(crate) path: PathBuf,
+}
+
+impl FsOperation for Canonicalize {
+    type Output = PathBuf;
+
+    fn run(self) -> Result<PathBuf, RpcError> {
+        fs::canonicalize(&self.path).or_rpc()
+    }
+}
+
+/// With `follow`, every field but `isSymlink` describes the target (a dangling link is
+/// *not found*); without it, everything describes the path itself.
+pub(crate) fn metadata(path: &Path, follow: bool) -> io::Result<Metadata> {
+    let own = fs::symlink_metadata(path)?;
+    let is_symlink = own.file_type().is_symlink();
+    let described = if follow && is_symlink {
+        fs::metadata(path)?
+    } else {
+        own
+    };
+    Ok(Metadata {
+        is_directory: described.is_dir(),
+        is_file: described.is_file(),
+        is_symlink,
+        size: described.len(),
+        created_at_ms: described.created().map(unix_ms).unwrap_or(0),
+        modified_at_ms: described.modified().map(unix_ms).unwrap_or(0),
+    })
+}
+
+/// Milliseconds since the Unix epoch; earlier times are negative.
+fn unix_ms(time: SystemTime) -> i64 {
+    let clamp = |ms: u128| i64::try_from(ms).unwrap_or(i64::MAX);
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => clamp(after.as_millis()),
+        Err(before) => -clamp(before.duration().as_millis()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn links_are_described_by_target_or_by_themselves() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, b"12345").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("target", &link).unwrap();
+
+        let followed = metadata(&link, true).unwrap();
+        assert!(followed.is_file && followed.is_symlink && !followed.is_directory);
+        assert_eq!(followed.size, 5);
+        let own = metadata(&link, false).unwrap();
+        assert!(!own.is_file && own.is_symlink && !own.is_directory);
+        assert_eq!(own.size, "target".len() as u64);
+
+        fs::remove_file(&target).unwrap();
+        let dangling = metadata(&link, true).unwrap_err();
+        assert_eq!(dangling.kind(), io::ErrorKind::NotFound);
+        assert!(metadata(&link, false).unwrap().is_symlink);
+    }
+
+    #[test]
+    fn times_are_signed_milliseconds() {
+        assert_eq!(unix_ms(UNIX_EPOCH + Duration::from_millis(1500)), 1500);
+        assert_eq!(unix_ms(UNIX_EPOCH - Duration::from_millis(1500)), -1500);
+    }
+}

@@ -1,0 +1,112 @@
+//! `fs/readDirectory` (PROTOCOL §5.10): one directory's entries, in the OS's order.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use exec_server_core::proto::fs::{DirectoryEntry, ReadDirectoryParams, ReadDirectoryResult};
+use exec_server_core::proto::RpcError;
+use exec_server_core::Call;
+
+use crate::blocking::IoResultExt;
+use crate::config::FsConfig;
+use crate::paths::host_path;
+use crate::routing::{execute, FsOperation};
+
+pub(crate) async fn handle(
+    config: Arc<FsConfig>,
+    _cx: Call,
+    params: ReadDirectoryParams,
+) -> Result<ReadDirectoryResult, RpcError> {
+    let operation = ReadDirectory {
+        path: host_path(&params.path)?,
+        limit: config.max_directory_entries,
+    };
+    let entries = execute(
+        operation,
+        params.sandbox.as_ref(),
+        params.sandbox_policy.as_ref(),
+    )
+    .await?;
+    Ok(ReadDirectoryResult { entries })
+}
+
+/// `fs/readDirectory`.
+#[derive(Debug)]
+pub(crate) struct ReadDirectory {
+    pub(crate) path: PathBuf,
+    /// `fs.max_directory_entries`.
+    pub(crate) limit: usize,
+}
+
+impl FsOperation for ReadDirectory {
+    type Output = Vec<DirectoryEntry>;
+
+    fn run(self) -> Result<Vec<DirectoryEntry>, RpcError> {
+        read_directory(&self.path, self.limit)
+    }
+}
+
+/// Lists `path`, stopping at the first entry beyond `limit`. Links are reported with
+/// their target's type; entries whose type cannot be learnt (dangling links included)
+/// are left out.
+pub(crate) fn read_directory(path: &Path, limit: usize) -> Result<Vec<DirectoryEntry>, RpcError> {
+    let mut entries = Vec::new();
+    for (seen, entry) in fs::read_dir(path).or_rpc()?.enumerate() {
+        if seen == limit {
+            return Err(RpcError::too_many_directory_entries(limit + 1, limit));
+        }
+        let entry = entry.or_rpc()?;
+        let file_type = match entry.file_type() {
+            Ok(t) if t.is_symlink() => match fs::metadata(entry.path()) {
+                Ok(target) => target.file_type(),
+                Err(_) => continue,
+            },
+            Ok(t) => t,
+            Err(_) => continue,
+        };
+        entries.push(DirectoryEntry {
+            file_name: entry.file_name().to_string_lossy().into_owned(),
+            is_directory: file_type.is_dir(),
+            is_file: file_type.is_file(),
+        });
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(entries: &[DirectoryEntry]) -> Vec<&str> {
+        let mut names: Vec<&str> = entries.iter().map(|e| e.file_name.as_str()).collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[test]
+    fn links_take_their_targets_type_and_dangling_ones_vanish() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        fs::write(dir.path().join("file"), b"").unwrap();
+        std::os::unix::fs::symlink("sub", dir.path().join("to-sub")).unwrap();
+        std::os::unix::fs::symlink("missing", dir.path().join("dangling")).unwrap();
+        let entries = read_directory(dir.path(), 10).unwrap();
+        assert_eq!(names(&entries), ["file", "sub", "to-sub"]);
+        let to_sub = entries.iter().find(|e| e.file_name == "to-sub").unwrap();
+        assert!(to_sub.is_directory && !to_sub.is_file);
+    }
+
+    #[test]
+    fn the_entry_limit_counts_one_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a", "b", "c"] {
+            fs::write(dir.path().join(name), b"").unwrap();
+        }
+        assert_eq!(read_directory(dir.path(), 3).unwrap().len(), 3);
+        assert_eq!(
+            read_directory(dir.path(), 2).unwrap_err(),
+            RpcError::too_many_directory_entries(3, 2)
+        );
+    }
+}
