@@ -158,38 +158,36 @@ impl CoreConfig {
             methods: source.section("methods")?,
             plugins: source.section("plugins")?,
         };
-        let positive: [(&str, u64); 7] = [
-            (
-                "limits.max_message_bytes",
-                config.limits.max_message_bytes as u64,
-            ),
-            (
-                "limits.max_json_values",
-                config.limits.max_json_values as u64,
-            ),
-            (
-                "websocket.max_frame_bytes",
-                config.websocket.max_frame_bytes as u64,
-            ),
-            (
-                "websocket.ping_interval_ms",
-                config.websocket.ping_interval_ms,
-            ),
-            (
-                "dispatch.max_in_flight",
-                config.dispatch.max_in_flight as u64,
-            ),
-            (
-                "connection.outbound_queue_messages",
+        let limits = &config.limits;
+        source.require_positive(
+            "limits",
+            &[
+                ("max_message_bytes", limits.max_message_bytes as u64),
+                ("max_json_values", limits.max_json_values as u64),
+            ],
+        )?;
+        source.require_positive(
+            "websocket",
+            &[
+                ("max_frame_bytes", config.websocket.max_frame_bytes as u64),
+                ("ping_interval_ms", config.websocket.ping_interval_ms),
+            ],
+        )?;
+        source.require_positive(
+            "dispatch",
+            &[("max_in_flight", config.dispatch.max_in_flight as u64)],
+        )?;
+        source.require_positive(
+            "connection",
+            &[(
+                "outbound_queue_messages",
                 config.connection.outbound_queue_messages as u64,
-            ),
-            ("session.detached_ttl_ms", config.session.detached_ttl_ms),
-        ];
-        for (key, value) in positive {
-            if value == 0 {
-                return Err(source.invalid(key, "must be greater than zero, got 0"));
-            }
-        }
+            )],
+        )?;
+        source.require_positive(
+            "session",
+            &[("detached_ttl_ms", config.session.detached_ttl_ms)],
+        )?;
         config.websocket.bearer_token = resolve_bearer_token(
             source,
             config.websocket.bearer_token.take(),

@@ -152,6 +152,19 @@ impl ConfigSource {
         ))
     }
 
+    /// Refuses zero for limits where zero would make a feature unusable: the first
+    /// `(key, value)` that is zero gives `invalid config: <table>.<key> must be greater than
+    /// zero, got 0 (from …)`.
+    pub fn require_positive(&self, table: &str, values: &[(&str, u64)]) -> Result<(), ConfigError> {
+        match values.iter().find(|(_, value)| *value == 0) {
+            Some((key, _)) => Err(self.invalid(
+                &format!("{table}.{key}"),
+                "must be greater than zero, got 0",
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn decode_error(&self, table: &str, error: figment::Error) -> ConfigError {
         let first = error.into_iter().next().expect("an error has one entry");
         // Figment appends the table to the end of the inner path; put it first.

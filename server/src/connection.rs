@@ -5,8 +5,10 @@
 //! dispatches requests concurrently, at most `dispatch.max_in_flight` at a time. Responses
 //! and plugin notifications share one bounded outbound queue, which the transport drains.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::task::Poll;
 
 use exec_server_proto::decode::oversized_detail;
 use exec_server_proto::initialize::{InitializeParams, InitializeResult, INITIALIZE, INITIALIZED};
@@ -252,8 +254,11 @@ impl Processor {
             traceparent,
             result = tracing::field::Empty
         );
-        self.tasks.spawn(
+        let mut request = Box::pin(
             async move {
+                // Resolves `response_queued` also when the request is abandoned, so nothing
+                // waits for a response that will never be sent.
+                let _queued = response_queued.drop_guard();
                 let started = std::time::Instant::now();
                 let outcome = AssertUnwindSafe(handler.call(call, params))
                     .catch_unwind()
@@ -284,10 +289,17 @@ impl Processor {
                     }
                 }
                 send_reply(&outbound, &id, result).await;
-                response_queued.cancel();
             }
             .instrument(span),
         );
+        // Run the request up to its first suspension point before the next message is
+        // read, so handlers take their place in per-resource queues in arrival order
+        // (PROTOCOL §2.9 rules 1 and 2: a process/start reserves its id, a process/write
+        // queues on its process's stdin, before anything later is looked at).
+        let first_poll = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
+        if first_poll.is_pending() {
+            self.tasks.spawn(request);
+        }
     }
 
     fn initialize(&mut self, params: Value) -> Result<Box<RawValue>, RpcError> {

@@ -31,7 +31,10 @@ pub use exec_server_proto as proto;
 pub use extensions::SessionState;
 pub use in_process::InProcessConnection;
 pub use inventory;
-pub use plugin::{typed_section, Install, InstallError, Method, MethodDecl, NoParams, Plugin};
+pub use plugin::{
+    checked_section, typed_section, CheckedSection, Install, InstallError, Method, MethodDecl,
+    NoParams, Plugin,
+};
 pub use router::StartupError;
 pub use server::{ConfiguredTransport, Listener, ListenerKind, ServerContext};
 pub use session::Session;

@@ -78,6 +78,33 @@ pub fn typed_section<T: DeserializeOwned + Serialize>(
     Ok(serde_json::to_value(typed).expect("a config section always serializes"))
 }
 
+/// A plugin config table whose values need checks beyond what serde expresses (limits that
+/// must not be zero, values that must agree with each other).
+pub trait CheckedSection: DeserializeOwned + Serialize {
+    /// Refuses unusable values, with errors built by [`ConfigSource::invalid`] or
+    /// [`ConfigSource::require_positive`] so they name the key and where it was set.
+    fn check(&self, source: &ConfigSource, table: &str) -> Result<(), ConfigError>;
+}
+
+/// Decodes a table as `T` and runs its checks.
+pub fn load_checked<T: CheckedSection>(
+    source: &ConfigSource,
+    table: &str,
+) -> Result<T, ConfigError> {
+    let typed: T = source.section(table)?;
+    typed.check(source, table)?;
+    Ok(typed)
+}
+
+/// The `config` function of a plugin whose table decodes into a [`CheckedSection`].
+pub fn checked_section<T: CheckedSection>(
+    source: &ConfigSource,
+    table: &str,
+) -> Result<Value, ConfigError> {
+    let typed: T = load_checked(source, table)?;
+    Ok(serde_json::to_value(typed).expect("a config section always serializes"))
+}
+
 /// A plugin could not be installed; the server does not start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstallError(pub String);
@@ -122,6 +149,11 @@ impl<'a> Install<'a> {
     /// The plugin's own config table `[<plugin name>]`, decoded as `T`.
     pub fn config<T: DeserializeOwned>(&self) -> Result<T, InstallError> {
         Ok(self.source.section(self.plugin.name)?)
+    }
+
+    /// The plugin's own config table decoded as `T`, with `T`'s checks applied.
+    pub fn checked_config<T: CheckedSection>(&self) -> Result<T, InstallError> {
+        Ok(load_checked(self.source, self.plugin.name)?)
     }
 
     /// The layered configuration, for plugins that read other tables.

@@ -1,5 +1,7 @@
 //! The plugin's `[fs]` config table (PROTOCOL §7): every limit the `fs/*` methods enforce.
 
+use exec_server_core::config::{ConfigError, ConfigSource};
+use exec_server_core::CheckedSection;
 use serde::{Deserialize, Serialize};
 
 /// Effective `[fs]` settings; a missing key takes its default, an unknown key is a
@@ -40,6 +42,27 @@ impl Default for FsConfig {
     }
 }
 
+impl CheckedSection for FsConfig {
+    /// Every limit must be at least 1: a zero would make its method unusable.
+    fn check(&self, source: &ConfigSource, table: &str) -> Result<(), ConfigError> {
+        source.require_positive(
+            table,
+            &[
+                ("max_read_file_bytes", self.max_read_file_bytes),
+                ("max_directory_entries", self.max_directory_entries as u64),
+                ("walk_max_directories", self.walk_max_directories as u64),
+                ("walk_max_entries", self.walk_max_entries as u64),
+                (
+                    "walk_response_budget_bytes",
+                    self.walk_response_budget_bytes as u64,
+                ),
+                ("max_open_handles", self.max_open_handles as u64),
+                ("max_read_block_bytes", self.max_read_block_bytes as u64),
+            ],
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use exec_server_core::config::ConfigSource;
@@ -68,5 +91,21 @@ mod tests {
         let typo = ConfigSource::from_toml_str("[fs]\nmax_open_handle = 2\n");
         let error = typo.section::<FsConfig>("fs").unwrap_err();
         assert!(error.0.contains("max_open_handle"), "{}", error.0);
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        let source = ConfigSource::from_toml_str("[fs]\nmax_read_block_bytes = 0\n");
+        let error = exec_server_core::plugin::load_checked::<FsConfig>(&source, "fs").unwrap_err();
+        assert!(
+            error.0.starts_with(
+                "invalid config: fs.max_read_block_bytes must be greater than zero, got 0"
+            ),
+            "{}",
+            error.0
+        );
+        // maxDepth 0 is a valid request, so walk_max_depth may be 0.
+        let depth = ConfigSource::from_toml_str("[fs]\nwalk_max_depth = 0\n");
+        assert!(exec_server_core::plugin::load_checked::<FsConfig>(&depth, "fs").is_ok());
     }
 }

@@ -37,7 +37,7 @@ use exec_server_core::proto::fs::{
     CANONICALIZE, CLOSE, COPY, CREATE_DIRECTORY, FAMILY_LABEL, GET_METADATA, OPEN, READ_BLOCK,
     READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_FILE,
 };
-use exec_server_core::{typed_section, Install, InstallError, MethodDecl, Plugin};
+use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
 
 pub use config::FsConfig;
 
@@ -59,13 +59,13 @@ exec_server_core::inventory::submit! {
             MethodDecl { name: READ_BLOCK, family: FAMILY_LABEL },
             MethodDecl { name: CLOSE, family: FAMILY_LABEL },
         ],
-        config: Some(typed_section::<FsConfig>),
+        config: Some(checked_section::<FsConfig>),
         install,
     }
 }
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
-    let config: Arc<FsConfig> = Arc::new(install.config()?);
+    let config: Arc<FsConfig> = Arc::new(install.checked_config()?);
     install.method_with(READ_FILE, &config, read_file::handle);
     install.method_with(WRITE_FILE, &config, write_file::handle);
     install.method_with(CREATE_DIRECTORY, &config, create_directory::handle);
