@@ -19,6 +19,23 @@ pub struct Cli {
     #[arg(long = "config", value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
 
+    /// Remote mode: the relay registry base URL (`relay.url`). Needs --environment-id.
+    #[arg(long = "remote", value_name = "URL", requires = "environment_id")]
+    pub remote: Option<String>,
+
+    /// Remote mode: the environment to serve (`relay.environment_id`).
+    #[arg(
+        long = "environment-id",
+        alias = "executor-id",
+        value_name = "ID",
+        requires = "remote"
+    )]
+    pub environment_id: Option<String>,
+
+    /// Remote mode: a display name sent when registering (`relay.name`).
+    #[arg(long = "name", value_name = "NAME")]
+    pub name: Option<String>,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -29,14 +46,31 @@ pub enum Command {
     Methods,
     /// Print the effective configuration (secrets redacted) as TOML.
     Config,
+    /// Run the self-hosted relay registry and rendezvous service. `--listen http://IP:PORT`
+    /// picks the address (default `http://127.0.0.1:0`); the first stdout line is its URL.
+    Rendezvous {
+        /// The public base URL handed out and printed (`rendezvous.public_url`).
+        #[arg(long = "public-url", value_name = "URL")]
+        public_url: Option<String>,
+    },
 }
 
 impl Cli {
     /// The flags that override configuration keys.
     pub fn overrides(&self) -> CliOverrides {
         let mut overrides = CliOverrides::default();
-        if !self.listen.is_empty() {
+        let rendezvous = matches!(self.command, Some(Command::Rendezvous { .. }));
+        if !self.listen.is_empty() && !rendezvous {
             overrides.set("server.listen", self.listen.clone());
+        }
+        if let Some(url) = &self.remote {
+            overrides.set("relay.url", url.clone());
+        }
+        if let Some(id) = &self.environment_id {
+            overrides.set("relay.environment_id", id.clone());
+        }
+        if let Some(name) = &self.name {
+            overrides.set("relay.name", name.clone());
         }
         overrides
     }

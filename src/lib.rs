@@ -29,12 +29,14 @@ use exec_server_core::{plugin, ServerContext, StartupError};
 use exec_server_environment as _;
 use exec_server_fs as _;
 use exec_server_process as _;
+use exec_server_relay as _;
 
 /// Plugins this library is built with, and the crate that provides each.
 pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
     ("environment", "exec-server-environment"),
     ("fs", "exec-server-fs"),
     ("process", "exec-server-process"),
+    ("relay", "exec-server-relay"),
 ];
 
 /// Exit status of every start-up and configuration error (PROTOCOL §7).
@@ -71,6 +73,14 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
     match cli.command {
         Some(cli::Command::Methods) => print_methods(&source, &core),
         Some(cli::Command::Config) => print_config(&source, &core),
+        Some(cli::Command::Rendezvous { public_url }) => {
+            init_logging();
+            let args = exec_server_relay::rendezvous::RendezvousArgs {
+                listen: cli.listen.first().cloned(),
+                public_url,
+            };
+            exec_server_relay::rendezvous::run_cli(&source, args)
+        }
         None => serve(source, core),
     }
 }

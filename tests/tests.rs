@@ -9,4 +9,5 @@ mod environment;
 mod fs;
 mod handshake;
 mod process;
+mod relay;
 mod websocket;

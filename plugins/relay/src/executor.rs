@@ -1,0 +1,796 @@
+//! Executor mode (RELAY §3.5, §6, §7.6, §9.1): register, keep one rendezvous socket,
+//! admit handshakes through `/validate`, and run one JSON-RPC connection per stream.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use exec_server_core::config::ConfigSource;
+use exec_server_core::connection::{serve_connection, ConnectionInfo, Inbound};
+use exec_server_core::{Listener, ServerContext, StartupError};
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::driver::{drive_stream, AppSide, StreamEnd, StreamEvent, Uplink, STREAM_INBOX};
+use crate::link::{self, Incoming, LinkTiming, OpenError};
+use crate::noise::{
+    prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES,
+};
+use crate::proto::{self, Body, RelayMessageFrame, ResetReason};
+use crate::registry::{BaseUrl, RegistryClient, RegistryError, SecretString};
+use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
+
+exec_server_core::inventory::submit! {
+    exec_server_core::ConfiguredTransport { name: "relay", open: open_relay }
+}
+
+/// Retired stream ids remembered per registration (§6.3).
+const RETIRED_IDS: usize = 1_024;
+/// Invalid frames within [`INVALID_WINDOW`] that close the physical connection (§2.5).
+const MAX_INVALID_FRAMES: usize = 8;
+const INVALID_WINDOW: Duration = Duration::from_secs(60);
+
+fn open_relay(
+    source: &ConfigSource,
+    server: &Arc<ServerContext>,
+) -> Result<Option<Box<dyn Listener>>, StartupError> {
+    let config = RelayConfig::load(source)?;
+    if !config.enabled() {
+        return Ok(None);
+    }
+    let token = config.bearer_token().map_err(StartupError)?;
+    let base = BaseUrl::parse(
+        config.url.as_deref().unwrap_or_default(),
+        config.allow_insecure,
+    )
+    .map_err(StartupError)?;
+    let registry = RegistryClient::new(
+        base,
+        SecretString::new(token),
+        Duration::from_millis(config.request_timeout_ms),
+        config.allow_insecure,
+    );
+    let executor = Executor::new(config, registry, Arc::clone(server), Timing::default());
+    Ok(Some(Box::new(RelayListener { executor })))
+}
+
+struct RelayListener {
+    executor: Arc<Executor>,
+}
+
+#[async_trait]
+impl Listener for RelayListener {
+    async fn bind(&mut self) -> Result<Option<String>, StartupError> {
+        Ok(None)
+    }
+
+    async fn serve(self: Box<Self>, _server: Arc<ServerContext>) {
+        match self.executor.run().await {
+            Ok(()) => {}
+            Err(message) => {
+                tracing::error!("{message}");
+                // A terminal registry answer (§7.6, §9.1).
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+enum Slot {
+    Pending {
+        digest: [u8; 32],
+        cancel: CancellationToken,
+    },
+    Established {
+        digest: [u8; 32],
+        msg2: Bytes,
+        data_seen: Arc<AtomicBool>,
+        inbox: mpsc::Sender<StreamEvent>,
+    },
+}
+
+#[derive(Default)]
+struct Retired {
+    order: VecDeque<String>,
+    digests: HashMap<String, [u8; 32]>,
+    last_unknown_reset: HashMap<String, Instant>,
+}
+
+impl Retired {
+    fn insert(&mut self, id: String, digest: [u8; 32]) {
+        if self.digests.insert(id.clone(), digest).is_none() {
+            self.order.push_back(id);
+            if self.order.len() > RETIRED_IDS {
+                if let Some(old) = self.order.pop_front() {
+                    self.digests.remove(&old);
+                    self.last_unknown_reset.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    registration_id: String,
+    ws_url: String,
+    streams: HashMap<String, Slot>,
+    retired: Retired,
+}
+
+/// The executor: one per process in remote mode.
+pub struct Executor {
+    config: RelayConfig,
+    environment_id: String,
+    identity: NoiseIdentity,
+    registry: RegistryClient,
+    server: Arc<ServerContext>,
+    timing: Timing,
+    link_timing: LinkTiming,
+    uplink: Uplink,
+    state: Mutex<State>,
+    /// Failed handshakes charged to the current physical connection (§6.2).
+    failed_handshakes: AtomicUsize,
+    /// Woken when the failure budget is used up: close with 1008 and reconnect.
+    budget_exhausted: Notify,
+    /// Set when a `/validate` answered 401/403: register again once (§7.6).
+    reregister: AtomicBool,
+}
+
+impl Executor {
+    pub fn new(
+        config: RelayConfig,
+        registry: RegistryClient,
+        server: Arc<ServerContext>,
+        timing: Timing,
+    ) -> Arc<Self> {
+        let link_timing = LinkTiming {
+            ping_interval: Duration::from_millis(config.ping_interval_ms),
+            pong_timeout: Duration::from_millis(config.pong_timeout_ms),
+        };
+        Arc::new(Self {
+            environment_id: config.environment_id.clone().unwrap_or_default(),
+            config,
+            identity: NoiseIdentity::generate(),
+            registry,
+            server,
+            timing,
+            link_timing,
+            uplink: Uplink::default(),
+            state: Mutex::new(State::default()),
+            failed_handshakes: AtomicUsize::new(0),
+            budget_exhausted: Notify::new(),
+            reregister: AtomicBool::new(false),
+        })
+    }
+
+    pub fn public_key(&self) -> NoisePublicKey {
+        self.identity.public()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn limits(&self) -> StreamLimits {
+        StreamLimits {
+            max_message_bytes: self.server.core.limits.max_message_bytes,
+            inbound_queue_messages: self.config.inbound_queue_messages,
+            inbound_queue_bytes: self.config.inbound_queue_bytes,
+        }
+    }
+
+    /// Registers, retrying transient failures with the backoff; `Err` on a terminal answer.
+    async fn register(&self, backoff: &mut Backoff) -> Result<(), String> {
+        let shutdown = self.server.shutdown.clone();
+        let key = self.identity.public();
+        loop {
+            let attempt =
+                self.registry
+                    .register(&self.environment_id, &key, self.config.name.as_deref());
+            let result = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                r = attempt => r,
+            };
+            match result {
+                Ok(reg) => {
+                    tracing::info!(
+                        environment = %self.environment_id,
+                        registration = %reg.executor_registration_id,
+                        url = %crate::registry::redact_url(&reg.url),
+                        "registered with the relay registry"
+                    );
+                    let mut state = self.lock();
+                    if state.registration_id != reg.executor_registration_id {
+                        state.retired = Retired::default();
+                    }
+                    state.registration_id = reg.executor_registration_id;
+                    state.ws_url = reg.url;
+                    return Ok(());
+                }
+                Err(e) if e.is_retryable() => {
+                    if e.status() == Some(409) {
+                        tracing::warn!("environment is busy with another executor; retrying: {e}");
+                    } else {
+                        tracing::warn!("relay registration failed; retrying: {e}");
+                    }
+                    let delay = backoff.next(e.retry_after());
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Err(e) => return Err(format!("relay registration failed: {e}")),
+            }
+        }
+    }
+
+    /// The registration and connection loop of §7.6; returns at shutdown.
+    pub async fn run(self: &Arc<Self>) -> Result<(), String> {
+        let shutdown = self.server.shutdown.clone();
+        let mut backoff = Backoff::new(
+            Duration::from_millis(self.config.reconnect_initial_backoff_ms),
+            Duration::from_millis(self.config.reconnect_max_backoff_ms),
+        );
+        self.register(&mut backoff).await?;
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            let url = self.lock().ws_url.clone();
+            let mut must_register = false;
+            match link::open(&url, Duration::from_millis(self.config.connect_timeout_ms)).await {
+                Ok(ws) => {
+                    let started = Instant::now();
+                    self.serve_physical(ws).await;
+                    if started.elapsed() >= Duration::from_millis(self.config.stable_session_ms) {
+                        backoff.reset();
+                    }
+                }
+                Err(OpenError::Status(401 | 403 | 404 | 410)) => must_register = true,
+                Err(e) => tracing::warn!("{e}"),
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+            let delay = backoff.next(None);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            if must_register || self.reregister.swap(false, Ordering::SeqCst) {
+                self.register(&mut backoff).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves one physical connection until it ends.
+    async fn serve_physical(self: &Arc<Self>, ws: link::ClientWs) {
+        let (handle, mut stream) = link::start(ws, self.link_timing);
+        self.failed_handshakes.store(0, Ordering::SeqCst);
+        self.uplink.set(Some(handle.frames.clone()));
+        self.broadcast(|| StreamEvent::Connected);
+        let shutdown = self.server.shutdown.clone();
+        let mut invalid: VecDeque<Instant> = VecDeque::new();
+        loop {
+            let incoming = tokio::select! {
+                _ = shutdown.cancelled() => {
+                    // Streams send Reset{shutdown} through the uplink; give them a moment.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    handle.close(1000);
+                    break;
+                }
+                _ = self.budget_exhausted.notified() => {
+                    tracing::warn!("too many failed handshakes on this connection; reconnecting");
+                    handle.close(1008);
+                    break;
+                }
+                i = link::read(&mut stream, &handle) => i,
+            };
+            let bytes = match incoming {
+                Incoming::Binary(bytes) => bytes,
+                Incoming::Text => {
+                    handle.close(1003);
+                    break;
+                }
+                Incoming::Ended(code) => {
+                    tracing::info!(code = ?code, "relay connection closed");
+                    break;
+                }
+            };
+            if let Some(fault_stream) = self.handle_bytes(&bytes) {
+                let now = Instant::now();
+                invalid.push_back(now);
+                while invalid
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) > INVALID_WINDOW)
+                {
+                    invalid.pop_front();
+                }
+                if let Some((sid, reason)) = fault_stream {
+                    self.reset_active(&sid, reason);
+                }
+                if invalid.len() >= MAX_INVALID_FRAMES {
+                    tracing::warn!("8 invalid frames within 60 s; reconnecting");
+                    handle.close(1002);
+                    break;
+                }
+            }
+        }
+        self.uplink.set(None);
+        handle.dead.cancel();
+        self.broadcast(|| StreamEvent::Disconnected);
+    }
+
+    fn broadcast(&self, event: impl Fn() -> StreamEvent) {
+        let state = self.lock();
+        for slot in state.streams.values() {
+            if let Slot::Established { inbox, .. } = slot {
+                let _ = inbox.try_send(event());
+            }
+        }
+    }
+
+    /// Resets a stream that is pending or established (invalid frame naming it).
+    #[allow(clippy::collapsible_match)]
+    fn reset_active(&self, sid: &str, reason: ResetReason) {
+        let mut state = self.lock();
+        match state.streams.remove(sid) {
+            Some(Slot::Pending { digest, cancel }) => {
+                cancel.cancel();
+                state.retired.insert(sid.to_owned(), digest);
+                drop(state);
+                self.send_reset(sid, reason);
+            }
+            Some(Slot::Established {
+                inbox,
+                digest,
+                msg2,
+                data_seen,
+            }) => {
+                if inbox.try_send(StreamEvent::Abort(reason)).is_err() {
+                    state.streams.insert(
+                        sid.to_owned(),
+                        Slot::Established {
+                            inbox,
+                            digest,
+                            msg2,
+                            data_seen,
+                        },
+                    );
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn send_reset(&self, sid: &str, reason: ResetReason) {
+        let uplink = self.uplink.clone();
+        let frame = proto::reset_frame(sid, reason);
+        tokio::spawn(async move { uplink.send(&frame).await });
+    }
+
+    fn count_failure(&self) {
+        let failed = self.failed_handshakes.fetch_add(1, Ordering::SeqCst) + 1;
+        if failed >= self.config.max_failed_handshakes {
+            self.failed_handshakes.store(0, Ordering::SeqCst);
+            self.budget_exhausted.notify_one();
+        }
+    }
+
+    /// Dispatches one binary message. Returns `Some` for an invalid frame (rows 3–8 of
+    /// §2.5), with the stream to reset when one is named.
+    fn handle_bytes(self: &Arc<Self>, bytes: &[u8]) -> Option<Option<(String, ResetReason)>> {
+        let Ok(frame) = proto::decode(bytes) else {
+            return Some(None);
+        };
+        if let Err(fault) = proto::validate(&frame) {
+            if fault == proto::FrameFault::HandshakeSize {
+                // Row 9: a handshake failure, charged to the handshake budget.
+                self.reject_handshake(&frame.stream_id, ResetReason::HandshakeFailed, true);
+                return None;
+            }
+            let named = fault
+                .reset_reason()
+                .filter(|_| proto::stream_id_is_valid(&frame.stream_id))
+                .map(|r| (frame.stream_id.clone(), r));
+            return Some(named);
+        }
+        let sid = frame.stream_id.clone();
+        match &frame.body {
+            Some(Body::Handshake(h)) => self.on_handshake(&sid, h.payload.clone()),
+            Some(Body::Reset(_)) => {
+                let mut state = self.lock();
+                match state.streams.remove(&sid) {
+                    Some(Slot::Pending { digest, cancel }) => {
+                        cancel.cancel();
+                        state.retired.insert(sid, digest);
+                    }
+                    Some(Slot::Established { inbox, .. }) => {
+                        let _ = inbox.try_send(StreamEvent::Frame(frame));
+                    }
+                    None => {}
+                }
+            }
+            _ => self.on_stream_frame(sid, frame),
+        }
+        None
+    }
+
+    fn on_stream_frame(&self, sid: String, frame: RelayMessageFrame) {
+        let is_data = matches!(frame.body, Some(Body::Data(_)));
+        let is_resume = matches!(&frame.body, Some(Body::Resume(r)) if r.next_seq >= 1);
+        let mut state = self.lock();
+        match state.streams.get(&sid) {
+            Some(Slot::Established {
+                inbox, data_seen, ..
+            }) => {
+                if is_data {
+                    data_seen.store(true, Ordering::SeqCst);
+                }
+                if inbox.try_send(StreamEvent::Frame(frame)).is_err() {
+                    tracing::debug!("stream inbox full; frame dropped");
+                }
+            }
+            Some(Slot::Pending { .. }) => {
+                if is_data {
+                    if let Some(Slot::Pending { digest, cancel }) = state.streams.remove(&sid) {
+                        cancel.cancel();
+                        state.retired.insert(sid.clone(), digest);
+                    }
+                    drop(state);
+                    self.send_reset(&sid, ResetReason::HandshakeFailed);
+                    self.count_failure();
+                }
+            }
+            None => {
+                if is_data || is_resume {
+                    let now = Instant::now();
+                    let due = state
+                        .retired
+                        .last_unknown_reset
+                        .get(&sid)
+                        .is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(1));
+                    if due {
+                        if state.retired.last_unknown_reset.len() > RETIRED_IDS {
+                            state.retired.last_unknown_reset.clear();
+                        }
+                        state.retired.last_unknown_reset.insert(sid.clone(), now);
+                        drop(state);
+                        self.send_reset(&sid, ResetReason::UnknownStream);
+                    }
+                }
+            }
+        }
+    }
+
+    fn reject_handshake(&self, sid: &str, reason: ResetReason, counts: bool) {
+        if proto::stream_id_is_valid(sid) {
+            self.send_reset(sid, reason);
+        }
+        if counts {
+            self.count_failure();
+        }
+    }
+
+    /// Handshake admission, rows 1–10 of §3.5.
+    fn on_handshake(self: &Arc<Self>, sid: &str, msg1: Bytes) {
+        let digest = sha256(&msg1);
+        let mut state = self.lock();
+        match state.streams.get(sid) {
+            Some(Slot::Pending { digest: d, .. }) if *d == digest => return,
+            Some(Slot::Established {
+                digest: d,
+                msg2,
+                data_seen,
+                ..
+            }) if *d == digest => {
+                if !data_seen.load(Ordering::SeqCst) {
+                    let frame = proto::frame(sid, 0, 0, proto::handshake_body(msg2.clone()));
+                    let uplink = self.uplink.clone();
+                    tokio::spawn(async move { uplink.send(&frame).await });
+                }
+                return;
+            }
+            Some(_) => {
+                match state.streams.remove(sid) {
+                    Some(Slot::Pending { digest, cancel }) => {
+                        cancel.cancel();
+                        state.retired.insert(sid.to_owned(), digest);
+                        drop(state);
+                        self.reject_handshake(sid, ResetReason::DuplicateStream, true);
+                    }
+                    Some(Slot::Established { inbox, .. }) => {
+                        drop(state);
+                        let _ = inbox.try_send(StreamEvent::Abort(ResetReason::DuplicateStream));
+                        self.count_failure();
+                    }
+                    None => {}
+                }
+                return;
+            }
+            None => {}
+        }
+        if let Some(d) = state.retired.digests.get(sid) {
+            if *d != digest {
+                drop(state);
+                self.reject_handshake(sid, ResetReason::DuplicateStream, true);
+            }
+            return;
+        }
+        let established = state
+            .streams
+            .values()
+            .filter(|s| matches!(s, Slot::Established { .. }))
+            .count();
+        if established >= self.config.max_streams {
+            drop(state);
+            return self.reject_handshake(sid, ResetReason::StreamLimit, false);
+        }
+        let pending = state.streams.len() - established;
+        if pending >= self.config.max_pending_validations {
+            drop(state);
+            return self.reject_handshake(sid, ResetReason::ValidationLimit, false);
+        }
+        let (min, max) = IkSuite.msg1_bounds();
+        if msg1.len() < min || msg1.len() > max {
+            drop(state);
+            return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
+        }
+        let registration_id = state.registration_id.clone();
+        let p = prologue(&self.environment_id, &registration_id, sid);
+        let mut responder = match IkSuite.responder(&self.identity, &p) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot build the Noise responder: {e}");
+                return;
+            }
+        };
+        let mut payload = vec![0u8; proto::MAX_NOISE_MESSAGE];
+        let authorization = match responder.read_message(&msg1, &mut payload) {
+            Ok(n) if (1..=MAX_AUTHORIZATION_BYTES).contains(&n) => {
+                match String::from_utf8(payload[..n].to_vec()) {
+                    Ok(text) => text,
+                    Err(_) => {
+                        drop(state);
+                        return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
+                    }
+                }
+            }
+            _ => {
+                drop(state);
+                return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
+            }
+        };
+        let Some(harness_key) = responder
+            .get_remote_static()
+            .and_then(|k| <[u8; 32]>::try_from(k).ok())
+            .map(NoisePublicKey)
+        else {
+            drop(state);
+            return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
+        };
+        let cancel = CancellationToken::new();
+        state.streams.insert(
+            sid.to_owned(),
+            Slot::Pending {
+                digest,
+                cancel: cancel.clone(),
+            },
+        );
+        drop(state);
+        let executor = Arc::clone(self);
+        let sid = sid.to_owned();
+        tokio::spawn(async move {
+            let timeout = Duration::from_millis(executor.config.validate_timeout_ms);
+            let call = executor.registry.validate(
+                &executor.environment_id,
+                &registration_id,
+                &harness_key,
+                &authorization,
+            );
+            let outcome = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = tokio::time::timeout(timeout, call) => r.unwrap_or(Err(RegistryError::Timeout)),
+            };
+            executor.finish_validation(sid, digest, responder, outcome);
+        });
+    }
+
+    fn finish_validation(
+        self: &Arc<Self>,
+        sid: String,
+        digest: [u8; 32],
+        mut responder: snow::HandshakeState,
+        outcome: Result<bool, RegistryError>,
+    ) {
+        let mut state = self.lock();
+        match state.streams.get(&sid) {
+            Some(Slot::Pending { digest: d, .. }) if *d == digest => {}
+            _ => return,
+        }
+        let reject = |state: &mut State, reason| {
+            state.streams.remove(&sid);
+            state.retired.insert(sid.clone(), digest);
+            reason
+        };
+        let reason = match outcome {
+            Ok(true) => None,
+            Ok(false) => {
+                self.count_failure();
+                Some(reject(&mut state, ResetReason::Unauthorized))
+            }
+            Err(e) => {
+                if e.is_auth_failure() {
+                    tracing::error!("relay validate was refused ({e}); registering again");
+                    self.reregister.store(true, Ordering::SeqCst);
+                } else {
+                    tracing::warn!(
+                        "relay validate failed: {}",
+                        e.status()
+                            .map_or_else(|| e.to_string(), |s| format!("HTTP {s}"))
+                    );
+                }
+                Some(reject(&mut state, ResetReason::ValidationUnavailable))
+            }
+        };
+        if let Some(reason) = reason {
+            drop(state);
+            return self.send_reset(&sid, reason);
+        }
+        let mut msg2 = vec![0u8; 64];
+        let transport = responder
+            .write_message(&[], &mut msg2)
+            .map_err(|e| e.to_string())
+            .and_then(|n| {
+                msg2.truncate(n);
+                responder.into_transport_mode().map_err(|e| e.to_string())
+            });
+        let transport = match transport {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("Noise responder failed: {e}");
+                reject(&mut state, ResetReason::HandshakeFailed);
+                drop(state);
+                return self.send_reset(&sid, ResetReason::HandshakeFailed);
+            }
+        };
+        let msg2 = Bytes::from(msg2);
+        let (inbox_tx, inbox_rx) = mpsc::channel(STREAM_INBOX);
+        let data_seen = Arc::new(AtomicBool::new(false));
+        state.streams.insert(
+            sid.clone(),
+            Slot::Established {
+                digest,
+                msg2: msg2.clone(),
+                data_seen,
+                inbox: inbox_tx,
+            },
+        );
+        drop(state);
+        // msg2 goes out before any frame of the stream task.
+        let uplink = self.uplink.clone();
+        let executor = Arc::clone(self);
+        tokio::spawn(async move {
+            uplink
+                .send(&proto::frame(&sid, 0, 0, proto::handshake_body(msg2)))
+                .await;
+            executor.run_stream(sid, digest, transport, inbox_rx).await;
+        });
+    }
+
+    async fn run_stream(
+        self: Arc<Self>,
+        sid: String,
+        digest: [u8; 32],
+        transport: snow::TransportState,
+        inbox: mpsc::Receiver<StreamEvent>,
+    ) {
+        let machine = ReliableStream::new(
+            sid.clone(),
+            Role::Executor,
+            transport,
+            self.limits(),
+            self.timing,
+            Instant::now(),
+        );
+        let (to_app, app_rx) = mpsc::channel::<Bytes>(1);
+        let (app_tx, from_app) =
+            mpsc::channel::<String>(self.server.core.connection.outbound_queue_messages);
+        let info = ConnectionInfo {
+            transport: "relay",
+            parse_error_prefix: format!(
+                "failed to parse JSON-RPC message from exec-server relay stream {sid}"
+            ),
+            detach_on_close: true,
+            max_outbound_bytes: Some(self.server.core.limits.max_message_bytes),
+        };
+        let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
+            rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))
+        }));
+        let connection = tokio::spawn(serve_connection(
+            Arc::clone(&self.server),
+            info,
+            inbound,
+            app_tx,
+        ));
+        let end = drive_stream(
+            machine,
+            inbox,
+            self.uplink.clone(),
+            AppSide { to_app, from_app },
+            Duration::from_millis(self.config.resume_grace_ms),
+            self.server.shutdown.clone(),
+        )
+        .await;
+        tracing::debug!(stream = %sid, end = ?end, "relay stream ended");
+        if let StreamEnd::ResetReceived(reason) = &end {
+            tracing::info!(stream = %sid, reason = %reason, "relay stream reset by the peer");
+        }
+        {
+            let mut state = self.lock();
+            state.streams.remove(&sid);
+            state.retired.insert(sid, digest);
+        }
+        connection.abort();
+    }
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .try_into()
+        .expect("32 bytes")
+}
+
+/// Reconnect backoff of §7.6: initial, doubling, capped; `Retry-After` honoured up to the cap.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            next: initial,
+        }
+    }
+
+    pub fn next(&mut self, retry_after: Option<Duration>) -> Duration {
+        let mut delay = self.next;
+        if let Some(ra) = retry_after {
+            delay = delay.max(ra.min(self.max));
+        }
+        self.next = (self.next * 2).min(self.max);
+        delay
+    }
+
+    pub fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap() {
+        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        let secs: Vec<u64> = (0..8).map(|_| b.next(None).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30, 30]);
+        b.reset();
+        assert_eq!(b.next(Some(Duration::from_secs(5))).as_secs(), 5);
+        assert_eq!(b.next(Some(Duration::from_secs(100))).as_secs(), 30);
+    }
+}

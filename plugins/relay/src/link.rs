@@ -1,0 +1,209 @@
+//! One physical connection of an endpoint (RELAY §5.11, §6.1): a WebSocket client to the
+//! rendezvous with the relay's size limits and `TCP_NODELAY`, a writer task that sends
+//! frames and Pings, and the Pong deadline that declares the connection dead.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::proto::MAX_WS_MESSAGE_BYTES;
+
+pub type ClientWs = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Frames queued towards one physical connection (§6.1).
+pub const PHYSICAL_QUEUE: usize = 1_024;
+
+/// Ping interval and Pong deadline.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkTiming {
+    pub ping_interval: Duration,
+    pub pong_timeout: Duration,
+}
+
+impl Default for LinkTiming {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_secs(30),
+            pong_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why opening a rendezvous socket failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenError {
+    /// The upgrade was answered with this HTTP status.
+    Status(u16),
+    Timeout,
+    Other(String),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Status(s) => write!(f, "the rendezvous refused the upgrade with HTTP {s}"),
+            Self::Timeout => f.write_str("the rendezvous upgrade timed out"),
+            Self::Other(e) => write!(f, "cannot reach the rendezvous: {e}"),
+        }
+    }
+}
+
+/// Opens a rendezvous WebSocket (binary only, 256 KiB limit, no compression, no Nagle).
+pub async fn open(url: &str, timeout: Duration) -> Result<ClientWs, OpenError> {
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_WS_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_WS_MESSAGE_BYTES));
+    let connect = tokio_tungstenite::connect_async_with_config(url, Some(config), true);
+    match tokio::time::timeout(timeout, connect).await {
+        Err(_) => Err(OpenError::Timeout),
+        Ok(Ok((ws, _))) => Ok(ws),
+        Ok(Err(WsError::Http(response))) => Err(OpenError::Status(response.status().as_u16())),
+        Ok(Err(e)) => Err(OpenError::Other(e.to_string())),
+    }
+}
+
+/// The writer side of a physical connection and what controls it.
+#[derive(Clone)]
+pub struct LinkHandle {
+    pub frames: mpsc::Sender<Bytes>,
+    close_code: Arc<Mutex<Option<u16>>>,
+    /// Cancelled when the connection is finished (closed by us, dead, or ended).
+    pub dead: CancellationToken,
+    last_pong: Arc<Mutex<Instant>>,
+}
+
+impl LinkHandle {
+    /// Closes the connection with `code` once queued frames are written.
+    pub fn close(&self, code: u16) {
+        *self.close_code.lock().unwrap_or_else(|e| e.into_inner()) = Some(code);
+        self.dead.cancel();
+    }
+
+    pub fn pong_received(&self) {
+        *self.last_pong.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+}
+
+/// Splits a socket: spawns the writer and returns its handle and the read half.
+pub fn start(ws: ClientWs, timing: LinkTiming) -> (LinkHandle, SplitStream<ClientWs>) {
+    let (sink, stream) = ws.split();
+    let (tx, rx) = mpsc::channel(PHYSICAL_QUEUE);
+    let handle = LinkHandle {
+        frames: tx,
+        close_code: Arc::new(Mutex::new(None)),
+        dead: CancellationToken::new(),
+        last_pong: Arc::new(Mutex::new(Instant::now())),
+    };
+    tokio::spawn(write_loop(sink, rx, handle.clone(), timing));
+    (handle, stream)
+}
+
+/// What a read produced.
+pub enum Incoming {
+    Binary(Bytes),
+    /// A text message: a protocol violation (close 1003).
+    Text,
+    /// The connection ended (close, error, too big, dead).
+    Ended(Option<u16>),
+}
+
+/// Reads the next relevant message, answering Pongs and ignoring Pings (the WebSocket
+/// layer answers them).
+pub async fn read(stream: &mut SplitStream<ClientWs>, handle: &LinkHandle) -> Incoming {
+    loop {
+        let next = tokio::select! {
+            _ = handle.dead.cancelled() => return Incoming::Ended(None),
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(Message::Binary(bytes))) => return Incoming::Binary(bytes),
+            Some(Ok(Message::Text(_))) => return Incoming::Text,
+            Some(Ok(Message::Pong(_))) => handle.pong_received(),
+            Some(Ok(Message::Close(frame))) => {
+                return Incoming::Ended(frame.map(|f| u16::from(f.code)))
+            }
+            Some(Ok(_)) => {}
+            Some(Err(WsError::Capacity(_))) => {
+                handle.close(1009);
+                return Incoming::Ended(Some(1009));
+            }
+            Some(Err(_)) | None => return Incoming::Ended(None),
+        }
+    }
+}
+
+async fn write_loop(
+    mut sink: SplitSink<ClientWs, Message>,
+    mut rx: mpsc::Receiver<Bytes>,
+    handle: LinkHandle,
+    timing: LinkTiming,
+) {
+    let mut ping =
+        tokio::time::interval_at(Instant::now() + timing.ping_interval, timing.ping_interval);
+    let mut unanswered: Option<Instant> = None;
+    loop {
+        let pong_deadline = unanswered.map(|t| t + timing.pong_timeout);
+        tokio::select! {
+            biased;
+            _ = handle.dead.cancelled() => break,
+            frame = rx.recv() => match frame {
+                Some(bytes) => {
+                    if sink.send(Message::Binary(bytes)).await.is_err() {
+                        break;
+                    }
+                }
+                None => break,
+            },
+            _ = ping.tick() => {
+                let pong = *handle.last_pong.lock().unwrap_or_else(|e| e.into_inner());
+                if unanswered.is_some_and(|t| pong >= t) {
+                    unanswered = None;
+                }
+                if unanswered.is_none() {
+                    unanswered = Some(Instant::now());
+                }
+                if sink.send(Message::Ping(Bytes::new())).await.is_err() {
+                    break;
+                }
+            }
+            _ = async { tokio::time::sleep_until(pong_deadline.unwrap_or_else(Instant::now)).await }, if pong_deadline.is_some() => {
+                let pong = *handle.last_pong.lock().unwrap_or_else(|e| e.into_inner());
+                if unanswered.is_some_and(|t| pong >= t) {
+                    unanswered = None;
+                } else {
+                    tracing::warn!("relay connection lost: pong_timeout");
+                    break;
+                }
+            }
+        }
+    }
+    // Write what is queued, then close with the requested code.
+    while let Ok(bytes) = rx.try_recv() {
+        if sink.send(Message::Binary(bytes)).await.is_err() {
+            break;
+        }
+    }
+    let code = handle
+        .close_code
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    let frame = code.map(|c| CloseFrame {
+        code: CloseCode::from(c),
+        reason: "".into(),
+    });
+    let _ = sink.send(Message::Close(frame)).await;
+    let _ = sink.close().await;
+    handle.dead.cancel();
+}

@@ -1,0 +1,719 @@
+//! One stream's records and reliability as a sans-IO state machine (RELAY §4, §5).
+//!
+//! [`ReliableStream`] owns the stream's Noise transport state and everything that happens
+//! after the handshake: the outbound byte stream cut into records, sequence numbers, the
+//! send window, retransmission with an RFC 6298 timer, the receiver's reorder buffer,
+//! duplicate suppression, reassembly of length-prefixed messages, the bounded inbound
+//! queue, acknowledgements (piggy-backed, delayed, immediate, keep-alive), Resume and the
+//! stall limit. It performs no IO and reads no clock: the driver feeds it frames, messages
+//! and the current time, and takes out frames to send, messages to deliver and the next
+//! instant at which it wants [`ReliableStream::on_timer`] to be called.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::time::Instant;
+
+use crate::proto::{
+    self, Body, RelayMessageFrame, ResetReason, MAX_NOISE_MESSAGE, MAX_RECORD_PLAINTEXT,
+};
+
+/// Records a sender may have beyond `peer_ack` (§5.6).
+pub const WINDOW_RECORDS: u32 = 32;
+/// Ciphertext bytes a sender may have unacknowledged (§5.6).
+pub const WINDOW_BYTES: usize = 2 * 1024 * 1024;
+/// Highest usable sequence number (§5.1).
+pub const MAX_SEQ: u32 = u32::MAX - 1;
+/// Plaintext the sender buffers before it refuses further messages (back-pressure).
+const SEND_BUFFER_BYTES: usize = 1024 * 1024;
+
+/// The relay's timing values. Only tests change them (§6.2 "fixed").
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub ack_delay: Duration,
+    pub rto_initial: Duration,
+    pub rto_min: Duration,
+    pub rto_max: Duration,
+    pub stall_limit: Duration,
+    pub keepalive_ack: Duration,
+    /// Records sent more recently than this are not resent on a Resume.
+    pub resume_resend_after: Duration,
+    /// An answer never provokes a new harness request within this time.
+    pub resume_quiet: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            ack_delay: Duration::from_millis(20),
+            rto_initial: Duration::from_millis(500),
+            rto_min: Duration::from_millis(200),
+            rto_max: Duration::from_secs(10),
+            stall_limit: Duration::from_secs(60),
+            keepalive_ack: Duration::from_secs(5),
+            resume_resend_after: Duration::from_millis(100),
+            resume_quiet: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The configurable bounds of one stream.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamLimits {
+    /// `limits.max_message_bytes`, both directions.
+    pub max_message_bytes: usize,
+    /// `relay.inbound_queue_messages`.
+    pub inbound_queue_messages: usize,
+    /// `relay.inbound_queue_bytes`.
+    pub inbound_queue_bytes: usize,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 67_108_864,
+            inbound_queue_messages: 128,
+            inbound_queue_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Which end of the stream this machine is; it decides the Resume behaviour (§5.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Executor,
+    Harness,
+}
+
+/// A message the sender refused locally (§4).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error("message of {len} bytes exceeds the maximum message size of {limit} bytes")]
+    TooLarge { len: usize, limit: usize },
+    #[error("empty messages cannot be sent")]
+    Empty,
+    #[error("the stream is closing")]
+    Closing,
+}
+
+/// The RTO estimator of RFC 6298 with the parameters of §5.5.
+#[derive(Debug, Clone)]
+pub struct RtoEstimator {
+    srtt: Option<f64>,
+    rttvar: f64,
+    rto: Duration,
+    timing: Timing,
+}
+
+impl RtoEstimator {
+    pub fn new(timing: Timing) -> Self {
+        Self {
+            srtt: None,
+            rttvar: 0.0,
+            rto: timing.rto_initial,
+            timing,
+        }
+    }
+
+    pub fn rto(&self) -> Duration {
+        self.rto
+    }
+
+    pub fn sample(&mut self, rtt: Duration) {
+        let r = rtt.as_secs_f64() * 1000.0;
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2.0;
+            }
+            Some(srtt) => {
+                self.rttvar = 0.75 * self.rttvar + 0.25 * (srtt - r).abs();
+                self.srtt = Some(0.875 * srtt + 0.125 * r);
+            }
+        }
+        let srtt = self.srtt.unwrap_or(r);
+        let ms = srtt + (4.0 * self.rttvar).max(1.0);
+        self.rto =
+            Duration::from_secs_f64(ms / 1000.0).clamp(self.timing.rto_min, self.timing.rto_max);
+    }
+
+    pub fn back_off(&mut self) {
+        self.rto = (self.rto * 2).min(self.timing.rto_max);
+    }
+}
+
+#[derive(Debug)]
+struct SentRecord {
+    ciphertext: Bytes,
+    last_sent: Instant,
+    retransmitted: bool,
+}
+
+/// A harness Resume request waiting for the executor's answer.
+#[derive(Debug)]
+struct ResumeRequest {
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+/// Counters for tests and logs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StreamStats {
+    pub records_sent: u64,
+    pub retransmissions: u64,
+    pub duplicates_received: u64,
+    pub resumes_sent: u64,
+}
+
+/// The sans-IO machine of one established stream.
+pub struct ReliableStream {
+    stream_id: String,
+    role: Role,
+    cipher: snow::TransportState,
+    limits: StreamLimits,
+    timing: Timing,
+    connected: bool,
+    closing: bool,
+    scratch: Vec<u8>,
+
+    // Sending direction.
+    /// Plaintext of the outbound byte stream not yet cut into records.
+    pending: BytesMut,
+    next_seq: u32,
+    peer_ack: u32,
+    unacked: BTreeMap<u32, SentRecord>,
+    unacked_bytes: usize,
+    rto: RtoEstimator,
+    /// Records to resend at the next transmit, in seq order.
+    resend: BTreeSet<u32>,
+    last_received: Instant,
+
+    // Receiving direction.
+    delivered: u32,
+    highest_received: u32,
+    reorder: BTreeMap<u32, Bytes>,
+    reassembly: BytesMut,
+    inbound: VecDeque<Bytes>,
+    inbound_bytes: usize,
+    ack_deadline: Option<Instant>,
+    ack_now: bool,
+    last_sent_any: Instant,
+
+    // Resume.
+    resume_to_send: u32,
+    resume_request: Option<ResumeRequest>,
+    last_exchange: Option<Instant>,
+
+    stats: StreamStats,
+}
+
+impl std::fmt::Debug for ReliableStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReliableStream")
+            .field("stream_id", &self.stream_id)
+            .field("role", &self.role)
+            .field("next_seq", &self.next_seq)
+            .field("peer_ack", &self.peer_ack)
+            .field("delivered", &self.delivered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReliableStream {
+    /// A machine for an established stream; `connected` tells whether a physical
+    /// connection is up right now.
+    pub fn new(
+        stream_id: String,
+        role: Role,
+        cipher: snow::TransportState,
+        limits: StreamLimits,
+        timing: Timing,
+        now: Instant,
+    ) -> Self {
+        Self {
+            stream_id,
+            role,
+            cipher,
+            limits,
+            timing,
+            connected: true,
+            closing: false,
+            scratch: vec![0u8; MAX_NOISE_MESSAGE],
+            pending: BytesMut::new(),
+            next_seq: 1,
+            peer_ack: 0,
+            unacked: BTreeMap::new(),
+            unacked_bytes: 0,
+            rto: RtoEstimator::new(timing),
+            resend: BTreeSet::new(),
+            last_received: now,
+            delivered: 0,
+            highest_received: 0,
+            reorder: BTreeMap::new(),
+            reassembly: BytesMut::new(),
+            inbound: VecDeque::new(),
+            inbound_bytes: 0,
+            ack_deadline: None,
+            ack_now: false,
+            last_sent_any: now,
+            resume_to_send: 0,
+            resume_request: None,
+            last_exchange: None,
+            stats: StreamStats::default(),
+        }
+    }
+
+    pub fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        self.stats
+    }
+
+    /// The receiver state to report: `ack` and `ack_bits` (§5.2).
+    pub fn ack_fields(&self) -> (u32, u32) {
+        let mut bits = 0u32;
+        for &seq in self.reorder.keys() {
+            let offset = seq - self.delivered - 1;
+            if (1..32).contains(&offset) {
+                bits |= 1 << offset;
+            }
+        }
+        (self.delivered, bits)
+    }
+
+    // ---- sending ------------------------------------------------------------------
+
+    /// True while the outbound buffer has room for another message.
+    pub fn can_send(&self) -> bool {
+        !self.closing && self.pending.len() < SEND_BUFFER_BYTES
+    }
+
+    /// Appends one message to the outbound byte stream (§4). Records are formed by
+    /// [`ReliableStream::poll_transmit`].
+    pub fn send_message(&mut self, message: &[u8]) -> Result<(), SendError> {
+        if self.closing {
+            return Err(SendError::Closing);
+        }
+        if message.is_empty() {
+            return Err(SendError::Empty);
+        }
+        if message.len() > self.limits.max_message_bytes || message.len() > u32::MAX as usize {
+            return Err(SendError::TooLarge {
+                len: message.len(),
+                limit: self.limits.max_message_bytes,
+            });
+        }
+        self.pending.reserve(4 + message.len());
+        self.pending
+            .extend_from_slice(&(message.len() as u32).to_be_bytes());
+        self.pending.extend_from_slice(message);
+        Ok(())
+    }
+
+    /// Appends raw bytes to the outbound byte stream, bypassing the message framing.
+    #[cfg(test)]
+    pub(crate) fn push_raw(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+    }
+
+    /// Stops accepting messages (orderly close, §5.10).
+    pub fn begin_close(&mut self) {
+        self.closing = true;
+    }
+
+    /// Everything sent has been acknowledged and nothing is waiting.
+    pub fn is_flushed(&self) -> bool {
+        self.pending.is_empty() && self.unacked.is_empty()
+    }
+
+    fn highest_sent(&self) -> u32 {
+        self.next_seq - 1
+    }
+
+    /// Cuts and encrypts new records while the window allows (§4, §5.6, §3.7).
+    fn make_records(&mut self, now: Instant, out: &mut Vec<u32>) -> Result<(), ResetReason> {
+        while !self.pending.is_empty() {
+            let seq = self.next_seq;
+            if seq > self.peer_ack.saturating_add(WINDOW_RECORDS) {
+                break;
+            }
+            let take = self.pending.len().min(MAX_RECORD_PLAINTEXT);
+            if self.unacked_bytes + take + proto::TAG_LEN > WINDOW_BYTES {
+                break;
+            }
+            if seq > MAX_SEQ {
+                return Err(ResetReason::SequenceExhausted);
+            }
+            let plain = self.pending.split_to(take);
+            debug_assert_eq!(self.cipher.sending_nonce(), u64::from(seq) - 1);
+            let len = self
+                .cipher
+                .write_message(&plain, &mut self.scratch)
+                .map_err(|_| ResetReason::RecordError)?;
+            let ciphertext = Bytes::copy_from_slice(&self.scratch[..len]);
+            self.unacked_bytes += ciphertext.len();
+            self.unacked.insert(
+                seq,
+                SentRecord {
+                    ciphertext,
+                    last_sent: now,
+                    retransmitted: false,
+                },
+            );
+            self.next_seq += 1;
+            self.stats.records_sent += 1;
+            out.push(seq);
+        }
+        Ok(())
+    }
+
+    /// Applies the ack fields of a received frame (§5.3).
+    fn apply_ack(&mut self, ack: u32, bits: u32, now: Instant) -> Result<(), ResetReason> {
+        let highest_sent = self.highest_sent();
+        if ack > highest_sent || bits & 1 != 0 {
+            return Err(ResetReason::SequenceError);
+        }
+        if bits != 0 {
+            let top = 31 - bits.leading_zeros();
+            if u64::from(ack) + 1 + u64::from(top) > u64::from(highest_sent) {
+                return Err(ResetReason::SequenceError);
+            }
+        }
+        if ack < self.peer_ack {
+            return Ok(());
+        }
+        self.peer_ack = ack;
+        let mut released: Vec<u32> = self.unacked.range(..=ack).map(|(s, _)| *s).collect();
+        for i in 1..32u32 {
+            if bits & (1 << i) != 0 {
+                let seq = ack + 1 + i;
+                if self.unacked.contains_key(&seq) {
+                    released.push(seq);
+                }
+            }
+        }
+        let mut newest: Option<(u32, Instant, bool)> = None;
+        for seq in released {
+            if let Some(record) = self.unacked.remove(&seq) {
+                self.unacked_bytes -= record.ciphertext.len();
+                self.resend.remove(&seq);
+                if newest.is_none_or(|(s, _, _)| seq > s) {
+                    newest = Some((seq, record.last_sent, record.retransmitted));
+                }
+            }
+        }
+        if let Some((_, sent, false)) = newest {
+            self.rto.sample(now.saturating_duration_since(sent));
+        }
+        Ok(())
+    }
+
+    // ---- receiving ----------------------------------------------------------------
+
+    /// Handles one validated frame of this stream (not a `reset`, which the driver
+    /// handles). An error means: send Reset with that reason and drop the stream.
+    pub fn handle_frame(
+        &mut self,
+        frame: &RelayMessageFrame,
+        now: Instant,
+    ) -> Result<(), ResetReason> {
+        self.last_received = now;
+        match &frame.body {
+            Some(Body::Data(data)) => {
+                self.apply_ack(frame.ack, frame.ack_bits, now)?;
+                self.receive_record(data.seq, data.payload.clone(), now)
+            }
+            Some(Body::Resume(resume)) => {
+                if resume.next_seq == 0 {
+                    return Ok(());
+                }
+                self.receive_resume(resume.next_seq, frame.ack, frame.ack_bits, now)
+            }
+            Some(Body::Reset(_)) | None => Ok(()),
+            Some(_) => self.apply_ack(frame.ack, frame.ack_bits, now),
+        }
+    }
+
+    fn receive_record(
+        &mut self,
+        seq: u32,
+        payload: Bytes,
+        now: Instant,
+    ) -> Result<(), ResetReason> {
+        if seq == 0 {
+            return Err(ResetReason::SequenceError);
+        }
+        if u64::from(seq) > u64::from(self.delivered) + u64::from(WINDOW_RECORDS) {
+            return Err(ResetReason::SequenceError);
+        }
+        if seq <= self.delivered || self.reorder.contains_key(&seq) {
+            self.stats.duplicates_received += 1;
+            self.ack_now = true;
+            return Ok(());
+        }
+        if !(proto::MIN_RECORD_CIPHERTEXT..=proto::MAX_RECORD_CIPHERTEXT).contains(&payload.len()) {
+            return Err(ResetReason::RecordError);
+        }
+        self.reorder.insert(seq, payload);
+        self.highest_received = self.highest_received.max(seq);
+        if seq != self.delivered + 1 {
+            self.ack_now = true;
+        }
+        self.deliver(now)?;
+        self.schedule_ack(now);
+        Ok(())
+    }
+
+    fn schedule_ack(&mut self, now: Instant) {
+        if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now + self.timing.ack_delay);
+        }
+    }
+
+    fn queue_has_room(&self) -> bool {
+        self.inbound.len() < self.limits.inbound_queue_messages
+            && self.inbound_bytes < self.limits.inbound_queue_bytes
+    }
+
+    /// True while record `delivered + 1` waits for room in the inbound queue (§5.6).
+    pub fn is_holding_back(&self) -> bool {
+        !self.queue_has_room() && self.reorder.contains_key(&(self.delivered + 1))
+    }
+
+    /// Decrypts and decodes in-order records while the inbound queue has room (§5.7).
+    fn deliver(&mut self, _now: Instant) -> Result<bool, ResetReason> {
+        let mut progressed = false;
+        while self.queue_has_room() {
+            let Some(ciphertext) = self.reorder.remove(&(self.delivered + 1)) else {
+                break;
+            };
+            debug_assert_eq!(self.cipher.receiving_nonce(), u64::from(self.delivered));
+            let len = self
+                .cipher
+                .read_message(&ciphertext, &mut self.scratch)
+                .map_err(|_| ResetReason::DecryptFailed)?;
+            self.delivered += 1;
+            progressed = true;
+            self.reassembly.extend_from_slice(&self.scratch[..len]);
+            self.decode_messages()?;
+        }
+        Ok(progressed)
+    }
+
+    /// Splits complete length-prefixed messages off the reassembly buffer (§4).
+    fn decode_messages(&mut self) -> Result<(), ResetReason> {
+        loop {
+            if self.reassembly.len() < 4 {
+                return Ok(());
+            }
+            let len =
+                u32::from_be_bytes(self.reassembly[..4].try_into().expect("4 bytes")) as usize;
+            if len == 0 || len > self.limits.max_message_bytes {
+                return Err(ResetReason::RecordError);
+            }
+            if self.reassembly.len() < 4 + len {
+                self.reassembly.reserve(4 + len - self.reassembly.len());
+                return Ok(());
+            }
+            self.reassembly.advance(4);
+            let message = self.reassembly.split_to(len).freeze();
+            self.inbound_bytes += message.len();
+            self.inbound.push_back(message);
+        }
+    }
+
+    /// Takes the next delivered message, then lets held-back records in (§5.6).
+    pub fn pop_message(&mut self, now: Instant) -> Result<Option<Bytes>, ResetReason> {
+        let Some(message) = self.inbound.pop_front() else {
+            return Ok(None);
+        };
+        self.inbound_bytes -= message.len();
+        if self.deliver(now)? {
+            self.schedule_ack(now);
+        }
+        Ok(Some(message))
+    }
+
+    pub fn has_message(&self) -> bool {
+        !self.inbound.is_empty()
+    }
+
+    fn receive_resume(
+        &mut self,
+        next_seq: u32,
+        ack: u32,
+        bits: u32,
+        now: Instant,
+    ) -> Result<(), ResetReason> {
+        if next_seq <= self.highest_received {
+            return Err(ResetReason::ResumeMismatch);
+        }
+        if u64::from(next_seq) - 1 > u64::from(self.delivered) + u64::from(WINDOW_RECORDS) {
+            return Err(ResetReason::SequenceError);
+        }
+        self.apply_ack(ack, bits, now)?;
+        for (&seq, record) in &self.unacked {
+            if now.saturating_duration_since(record.last_sent) >= self.timing.resume_resend_after {
+                self.resend.insert(seq);
+            }
+        }
+        match self.role {
+            Role::Executor => self.resume_to_send += 1,
+            Role::Harness => {
+                if self.resume_request.take().is_some() {
+                    self.last_exchange = Some(now);
+                } else if self
+                    .last_exchange
+                    .is_none_or(|t| now.saturating_duration_since(t) >= self.timing.resume_quiet)
+                {
+                    self.start_resume_request(now);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start_resume_request(&mut self, now: Instant) {
+        let backoff = self.rto.rto();
+        self.resume_request = Some(ResumeRequest {
+            retry_at: now + backoff,
+            backoff,
+        });
+        self.resume_to_send += 1;
+    }
+
+    // ---- physical connection ------------------------------------------------------
+
+    /// The physical connection is gone: nothing is transmitted until it is back (§5.8).
+    pub fn on_disconnected(&mut self) {
+        self.connected = false;
+        self.resume_request = None;
+    }
+
+    /// A physical connection is up again: the executor announces, the harness requests.
+    pub fn on_connected(&mut self, now: Instant) {
+        self.connected = true;
+        // The stall clock does not run while disconnected.
+        self.last_received = now;
+        match self.role {
+            Role::Executor => self.resume_to_send += 1,
+            Role::Harness => self.start_resume_request(now),
+        }
+    }
+
+    /// True while a harness Resume request has not been answered.
+    pub fn resume_outstanding(&self) -> bool {
+        self.resume_request.is_some()
+    }
+
+    // ---- timers and output -----------------------------------------------------------
+
+    /// The next instant at which [`ReliableStream::on_timer`] has work to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        if let Some(t) = self.ack_deadline {
+            consider(t);
+        }
+        if let Some(first) = self.unacked.values().map(|r| r.last_sent).min() {
+            consider(first + self.rto.rto());
+            if self.connected {
+                consider(self.last_received + self.timing.stall_limit);
+            }
+        }
+        if self.is_holding_back() || !self.queue_has_room() {
+            consider(self.last_sent_any + self.timing.keepalive_ack);
+        }
+        if let Some(request) = &self.resume_request {
+            consider(request.retry_at);
+        }
+        next
+    }
+
+    /// Runs the timers that are due: retransmission, delayed and keep-alive acks, Resume
+    /// retries and the stall limit.
+    pub fn on_timer(&mut self, now: Instant) -> Result<(), ResetReason> {
+        if let Some(first) = self.unacked.values().map(|r| r.last_sent).min() {
+            if self.connected
+                && now.saturating_duration_since(self.last_received) >= self.timing.stall_limit
+            {
+                return Err(ResetReason::PeerUnresponsive);
+            }
+            let rto = self.rto.rto();
+            if now >= first + rto {
+                for (&seq, record) in &self.unacked {
+                    if now >= record.last_sent + rto {
+                        self.resend.insert(seq);
+                    }
+                }
+                self.rto.back_off();
+            }
+        }
+        if (self.is_holding_back() || !self.queue_has_room())
+            && now >= self.last_sent_any + self.timing.keepalive_ack
+        {
+            self.ack_now = true;
+        }
+        if let Some(request) = &mut self.resume_request {
+            if now >= request.retry_at {
+                request.backoff = (request.backoff * 2).min(self.timing.rto_max);
+                request.retry_at = now + request.backoff;
+                self.resume_to_send += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn make_frame(&self, body: Body) -> RelayMessageFrame {
+        let (ack, bits) = self.ack_fields();
+        proto::frame(&self.stream_id, ack, bits, body)
+    }
+
+    /// Frames to send now, control frames first, each carrying the current ack fields.
+    /// While disconnected the frames are formed (records are numbered and encrypted, so
+    /// the window fills) but returned empty: they count as lost.
+    pub fn poll_transmit(&mut self, now: Instant) -> Result<Vec<RelayMessageFrame>, ResetReason> {
+        let mut frames = Vec::new();
+        while self.resume_to_send > 0 {
+            self.resume_to_send -= 1;
+            self.stats.resumes_sent += 1;
+            frames.push(self.make_frame(proto::resume_body(self.next_seq)));
+        }
+        let resend: Vec<u32> = std::mem::take(&mut self.resend).into_iter().collect();
+        for seq in resend {
+            if let Some(record) = self.unacked.get_mut(&seq) {
+                record.retransmitted = true;
+                record.last_sent = now;
+                self.stats.retransmissions += 1;
+                let payload = record.ciphertext.clone();
+                frames.push(self.make_frame(proto::data_body(seq, payload)));
+            }
+        }
+        let mut new = Vec::new();
+        self.make_records(now, &mut new)?;
+        for seq in new {
+            let payload = self.unacked[&seq].ciphertext.clone();
+            frames.push(self.make_frame(proto::data_body(seq, payload)));
+        }
+        let ack_due = self.ack_now || self.ack_deadline.is_some_and(|t| now >= t);
+        if frames.is_empty() && ack_due {
+            frames.push(self.make_frame(proto::ack_body()));
+        }
+        if !frames.is_empty() {
+            self.ack_now = false;
+            self.ack_deadline = None;
+            self.last_sent_any = now;
+        }
+        if !self.connected {
+            frames.clear();
+        }
+        Ok(frames)
+    }
+}
+
+#[cfg(test)]
+#[path = "reliable_tests.rs"]
+mod tests;

@@ -1,0 +1,668 @@
+//! `exec-server rendezvous` (RELAY §8): one axum service that is both the registry
+//! (`register`, `connect`, `validate`) and the WebSocket router that moves frames between
+//! an environment's executor socket and its harness sockets by `stream_id`, without ever
+//! decrypting them.
+//!
+//! * [`signing`] — signed URLs, authorisations, registration ids.
+//! * [`state`] — registrations, routes and the routing rules of §8.6–§8.7.
+
+// Handlers return early with a ready `Response`; boxing it buys nothing here.
+#![allow(clippy::result_large_err)]
+
+pub mod signing;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use exec_server_core::config::ConfigSource;
+use exec_server_core::StartupError;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{RendezvousConfig, TokenRole};
+use crate::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
+use crate::proto::MAX_WS_MESSAGE_BYTES;
+use crate::registry::{check_environment_id, encode_segment, error_json};
+use signing::{key_hash, token_digest, AuthorizationClaims, SigningKey};
+pub use state::RouterTiming;
+use state::{Hub, SocketRole};
+
+/// Environment variable holding the base64 signing key (§8.4).
+pub const SIGNING_KEY_ENV: &str = "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY";
+/// Largest registry request body (§7.6).
+const MAX_REQUEST_BODY: usize = 64 * 1024;
+
+/// Command-line flags of `exec-server rendezvous` (§9.5).
+#[derive(Debug, Clone, Default)]
+pub struct RendezvousArgs {
+    pub listen: Option<String>,
+    pub public_url: Option<String>,
+}
+
+struct TokenEntry {
+    name: String,
+    digest: [u8; 32],
+    role: TokenRole,
+    environments: Vec<String>,
+}
+
+/// Everything the handlers share.
+pub struct Service {
+    config: RendezvousConfig,
+    key: SigningKey,
+    tokens: Vec<TokenEntry>,
+    /// The public base URL with `http` replaced by `ws` (§8.4).
+    ws_base: String,
+    hub: Arc<Hub>,
+}
+
+/// A running service (tests and the CLI).
+pub struct RunningRendezvous {
+    /// The public base URL, as printed on the first stdout line.
+    pub url: String,
+    pub local_addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningRendezvous {
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
+    if listen.starts_with("https://") {
+        return Err(
+            "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
+                .into(),
+        );
+    }
+    let rest = listen
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("rendezvous.listen must be http://IP:PORT, got `{listen}`"))?;
+    rest.trim_end_matches('/')
+        .parse()
+        .map_err(|_| format!("rendezvous.listen must be http://IP:PORT, got `{listen}`"))
+}
+
+fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
+    if let Some(path) = &config.signing_key_file {
+        let bytes = std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read rendezvous.signing_key_file {}: {e}",
+                path.display()
+            )
+        })?;
+        return SigningKey::new(&bytes);
+    }
+    if let Ok(text) = std::env::var(SIGNING_KEY_ENV) {
+        return SigningKey::from_base64(&text);
+    }
+    tracing::warn!(
+        "no rendezvous signing key configured; generated one for this run: URLs and authorizations will not survive a restart"
+    );
+    Ok(SigningKey::random())
+}
+
+/// Starts the service from its configuration; returns once it listens.
+pub async fn start(
+    config: RendezvousConfig,
+    timing: RouterTiming,
+) -> Result<RunningRendezvous, String> {
+    let addr = parse_listen(&config.listen)?;
+    if !addr.ip().is_loopback() && config.public_url.is_none() && !config.allow_insecure {
+        return Err(format!(
+            "refusing plain HTTP on the non-loopback address {addr} without rendezvous.public_url (a TLS proxy in front) or rendezvous.allow_insecure = true"
+        ));
+    }
+    if !addr.ip().is_loopback() && config.public_url.is_none() {
+        tracing::warn!("plain HTTP on a non-loopback address: bearer tokens travel in clear");
+    }
+    let key = load_signing_key(&config)?;
+    let mut tokens = Vec::new();
+    for t in &config.tokens {
+        let mut digest = [0u8; 32];
+        for (i, byte) in digest.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&t.sha256[i * 2..i * 2 + 2], 16)
+                .map_err(|_| "rendezvous token sha256 must be hex".to_owned())?;
+        }
+        tokens.push(TokenEntry {
+            name: t.name.clone(),
+            digest,
+            role: t.role,
+            environments: t.environments.clone(),
+        });
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("failed to bind {addr}: {e}"))?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|e| format!("failed to read the bound address: {e}"))?;
+    let base_path = config.base_path.trim_end_matches('/').to_owned();
+    let public = match &config.public_url {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => format!("http://{local_addr}{base_path}"),
+    };
+    let ws_base = if let Some(rest) = public.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = public.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        return Err(format!(
+            "rendezvous.public_url must be http(s)://…, got `{public}`"
+        ));
+    };
+    tracing::info!(address = %local_addr, "rendezvous listening");
+    let hub = Hub::new(&config, timing);
+    let service = Arc::new(Service {
+        config,
+        key,
+        tokens,
+        ws_base,
+        hub: Arc::clone(&hub),
+    });
+    let inner = axum::Router::new()
+        .route("/cloud/environment/{id}/register", post(register))
+        .route("/cloud/environment/{id}/connect", post(connect))
+        .route("/cloud/environment/{id}/validate", post(validate))
+        .route("/ws/environment/{id}", get(upgrade))
+        .with_state(Arc::clone(&service));
+    let mut app = axum::Router::new()
+        .route("/livez", get(|| async { StatusCode::OK }))
+        .route("/readyz", get(|| async { StatusCode::OK }));
+    app = if base_path.is_empty() {
+        app.merge(inner)
+    } else {
+        app.nest(&base_path, inner)
+    };
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let sweeper = hub.spawn_sweeper(shutdown.clone());
+    let task = tokio::spawn(async move {
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let result = axum::serve(listener, app.into_make_service())
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "rendezvous service failed");
+        }
+        hub.close_all();
+        sweeper.abort();
+    });
+    Ok(RunningRendezvous {
+        url: public,
+        local_addr,
+        shutdown,
+        task,
+    })
+}
+
+/// `exec-server rendezvous`: prints the public URL on stdout and serves until a signal.
+pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), StartupError> {
+    let mut config = RendezvousConfig::load(source)?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(url) = args.public_url {
+        config.public_url = Some(url);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        let running = start(config, RouterTiming::default())
+            .await
+            .map_err(StartupError)?;
+        {
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{}", running.url);
+            let _ = stdout.flush();
+        }
+        crate::shutdown_signal().await;
+        running.stop().await;
+        Ok::<_, StartupError>(())
+    })?;
+    std::process::exit(0);
+}
+
+// ---- registry endpoints --------------------------------------------------------------
+
+fn json(status: StatusCode, value: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    let mut response = json(status, &error_json(code, message));
+    if status == StatusCode::SERVICE_UNAVAILABLE && code == "executor_unavailable" {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
+    response
+}
+
+fn environment_matches(patterns: &[String], id: &str) -> bool {
+    patterns.iter().any(|p| {
+        p == "*"
+            || p == id
+            || p.strip_suffix('*')
+                .is_some_and(|prefix| id.starts_with(prefix))
+    })
+}
+
+impl Service {
+    /// Bearer token check of §8.3: unknown → 401, wrong role or environment → 403.
+    fn authorize(&self, headers: &HeaderMap, needs: TokenRole, id: &str) -> Result<(), Response> {
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim().to_owned());
+        let unauthorized = || {
+            error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required",
+            )
+        };
+        let Some(token) = token else {
+            return Err(unauthorized());
+        };
+        let digest = token_digest(&token);
+        let mut found: Option<&TokenEntry> = None;
+        for entry in &self.tokens {
+            if signing::constant_time_eq(&entry.digest, &digest) && found.is_none() {
+                found = Some(entry);
+            }
+        }
+        let Some(entry) = found else {
+            return Err(unauthorized());
+        };
+        let role_ok = entry.role == TokenRole::Any || entry.role == needs;
+        if !role_ok || !environment_matches(&entry.environments, id) {
+            tracing::info!(token = %entry.name, environment = %crate::proto::truncate_for_log(id), "token not allowed for this call");
+            return Err(error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "this token does not allow this call",
+            ));
+        }
+        Ok(())
+    }
+
+    fn executor_url(&self, id: &str, reg: &str) -> String {
+        let exp = now_unix() + self.config.executor_url_ttl_secs;
+        let sig = self.key.url_signature("environment", id, reg, "", exp);
+        format!(
+            "{}/ws/environment/{}?role=environment&reg={reg}&exp={exp}&sig={sig}",
+            self.ws_base,
+            encode_segment(id)
+        )
+    }
+
+    fn harness_url(&self, id: &str, reg: &str, kh: &str) -> String {
+        let exp = now_unix() + self.config.harness_url_ttl_secs;
+        let sig = self.key.url_signature("harness", id, reg, kh, exp);
+        format!(
+            "{}/ws/environment/{}?role=harness&reg={reg}&kh={kh}&exp={exp}&sig={sig}",
+            self.ws_base,
+            encode_segment(id)
+        )
+    }
+}
+
+/// Reads the id and body of a registry call: 400 for a bad id or bad JSON, 413 above 64 KiB.
+async fn read_call(id: &str, body: Body) -> Result<Value, Response> {
+    if let Err(problem) = check_environment_id(id) {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("environment id {problem}"),
+        ));
+    }
+    let bytes = axum::body::to_bytes(body, MAX_REQUEST_BODY)
+        .await
+        .map_err(|_| {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "request body over 64 KiB",
+            )
+        })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("malformed JSON: {e}"),
+        )
+    })
+}
+
+fn key_member(body: &Value, name: &str) -> Result<NoisePublicKey, Response> {
+    let value = body.get(name).ok_or_else(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("missing `{name}`"),
+        )
+    })?;
+    NoisePublicKey::from_json(value).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("`{name}`: {e}"),
+        )
+    })
+}
+
+async fn register(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(r) = service.authorize(&headers, TokenRole::Executor, &id) {
+        return r;
+    }
+    let body = match read_call(&id, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match body.get("security_profile").and_then(Value::as_str) {
+        Some(SECURITY_PROFILE_V1) => {}
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "unsupported_security_profile",
+                "security_profile must be noise_ik_v1",
+            )
+        }
+        None => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "missing `security_profile`",
+            )
+        }
+    }
+    let key = match key_member(&body, "executor_public_key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let name = body.get("name").and_then(Value::as_str).map(str::to_owned);
+    if name.as_ref().is_some_and(|n| n.len() > 256) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "`name` is longer than 256 bytes",
+        );
+    }
+    let reg = match service.hub.register(&id, key, name) {
+        Ok(reg) => reg,
+        Err(state::RegisterRefusal::Busy) => {
+            return error(
+                StatusCode::CONFLICT,
+                "environment_busy",
+                "another executor is serving this environment",
+            )
+        }
+        Err(state::RegisterRefusal::Overloaded) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "too many environments",
+            )
+        }
+    };
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "environment_id": id,
+            "url": service.executor_url(&id, &reg),
+            "security_profile": SECURITY_PROFILE_V1,
+            "executor_registration_id": reg,
+        }),
+    )
+}
+
+async fn connect(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(r) = service.authorize(&headers, TokenRole::Harness, &id) {
+        return r;
+    }
+    let body = match read_call(&id, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let harness_key = match key_member(&body, "harness_public_key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let (reg, executor_key) = match service.hub.connectable(&id) {
+        state::Connectable::Yes { reg, key } => (reg, key),
+        state::Connectable::NotFound => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "environment_not_found",
+                "no executor has registered this environment",
+            )
+        }
+        state::Connectable::Unavailable => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "executor_unavailable",
+                "no executor is attached to this environment",
+            )
+        }
+    };
+    let kh = key_hash(&harness_key);
+    let authz = service.key.authorization(&AuthorizationClaims {
+        v: 1,
+        env: id.clone(),
+        reg: reg.clone(),
+        kh: kh.clone(),
+        exp: now_unix() + service.config.authorization_ttl_secs,
+    });
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "environment_id": id,
+            "url": service.harness_url(&id, &reg, &kh),
+            "security_profile": SECURITY_PROFILE_V1,
+            "executor_registration_id": reg,
+            "executor_public_key": executor_key.to_json(),
+            "harness_key_authorization": authz,
+        }),
+    )
+}
+
+async fn validate(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(r) = service.authorize(&headers, TokenRole::Executor, &id) {
+        return r;
+    }
+    let body = match read_call(&id, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let harness_key = match key_member(&body, "harness_public_key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let Some(reg) = body.get("executor_registration_id").and_then(Value::as_str) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "missing `executor_registration_id`",
+        );
+    };
+    let Some(authz) = body
+        .get("harness_key_authorization")
+        .and_then(Value::as_str)
+    else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "missing `harness_key_authorization`",
+        );
+    };
+    let Some(current) = service.hub.current_registration(&id) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "environment_not_found",
+            "no registration for this environment",
+        );
+    };
+    let valid = reg == current
+        && service
+            .key
+            .verify_authorization(authz)
+            .is_some_and(|claims| {
+                claims.v == 1
+                    && claims.env == id
+                    && claims.reg == reg
+                    && claims.kh == key_hash(&harness_key)
+                    && claims.exp >= now_unix()
+            });
+    json(StatusCode::OK, &serde_json::json!({ "valid": valid }))
+}
+
+// ---- WebSocket upgrades -------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct UpgradeQuery {
+    role: Option<String>,
+    reg: Option<String>,
+    kh: Option<String>,
+    exp: Option<String>,
+    sig: Option<String>,
+}
+
+impl UpgradeQuery {
+    fn parse(query: &str) -> Self {
+        let mut q = Self::default();
+        for pair in query.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = crate::registry::decode_segment(v);
+            match k {
+                "role" => q.role = v,
+                "reg" => q.reg = v,
+                "kh" => q.kh = v,
+                "exp" => q.exp = v,
+                "sig" => q.sig = v,
+                _ => {}
+            }
+        }
+        q
+    }
+}
+
+async fn upgrade(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    request: Request<Body>,
+) -> Response {
+    let query = UpgradeQuery::parse(request.uri().query().unwrap_or(""));
+    let (mut parts, _) = request.into_parts();
+    let ws = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    if check_environment_id(&id).is_err() {
+        return StatusCode::BAD_REQUEST.into_response();
+    }
+    // 1. Well-formed query.
+    let role = match query.role.as_deref() {
+        Some("environment") => SocketRole::Executor,
+        Some("harness") => SocketRole::Harness,
+        _ => return StatusCode::BAD_REQUEST.into_response(),
+    };
+    let (Some(reg), Some(exp)) = (
+        query.reg.clone(),
+        query.exp.as_deref().and_then(|e| e.parse::<u64>().ok()),
+    ) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let kh = match role {
+        SocketRole::Harness => match query.kh.clone() {
+            Some(kh) if !kh.is_empty() => kh,
+            _ => return StatusCode::BAD_REQUEST.into_response(),
+        },
+        SocketRole::Executor => String::new(),
+    };
+    // 2–4. Signature and expiry.
+    let role_text = match role {
+        SocketRole::Executor => "environment",
+        SocketRole::Harness => "harness",
+    };
+    let signed = query
+        .sig
+        .as_deref()
+        .is_some_and(|sig| service.key.verify_url(role_text, &id, &reg, &kh, exp, sig));
+    if !signed {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let now = now_unix();
+    let ttl = match role {
+        SocketRole::Executor => service.config.executor_url_ttl_secs,
+        SocketRole::Harness => service.config.harness_url_ttl_secs,
+    };
+    if exp < now || exp > now + ttl + 60 {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    // 5–7. Registration state; harness capacity and executor presence.
+    if let Err(status) = service.hub.check_upgrade(&id, &reg, role) {
+        return status.into_response();
+    }
+    let hub = Arc::clone(&service.hub);
+    ws.max_message_size(MAX_WS_MESSAGE_BYTES)
+        .max_frame_size(MAX_WS_MESSAGE_BYTES)
+        .on_upgrade(move |socket| async move {
+            match role {
+                SocketRole::Executor => hub.serve_executor(id, reg, socket).await,
+                SocketRole::Harness => hub.serve_harness(id, kh, socket).await,
+            }
+        })
+}
+
+/// Test hook: how long the router waits before parked routes and detached executors expire.
+pub fn grace(config: &RendezvousConfig) -> Duration {
+    Duration::from_secs(config.grace_secs)
+}
