@@ -292,3 +292,47 @@ async fn family_patterns_disable_every_member() {
         "method `environment/info` is disabled on this server",
     );
 }
+
+#[test]
+fn config_reference_matches_the_code() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md")).unwrap();
+    let documented: std::collections::BTreeMap<String, String> = doc
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .map(|line| {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let strip = |c: &str| {
+                c.trim_matches(|ch| ch == '|' || ch == ' ' || ch == '`')
+                    .to_owned()
+            };
+            (strip(cells[0]), strip(cells[1]))
+        })
+        .collect();
+
+    let out = run(&["config"], &[]);
+    let printed: toml::Table = stdout(&out).parse().unwrap();
+    let mut printed_keys = std::collections::BTreeSet::new();
+    for (table, values) in &printed {
+        if table == "plugins" {
+            continue;
+        }
+        for (key, value) in values.as_table().unwrap() {
+            let name = format!("{table}.{key}");
+            let default = documented
+                .get(&name)
+                .unwrap_or_else(|| panic!("{name} is not documented in docs/CONFIG.md"));
+            assert_eq!(default, &value.to_string(), "default of {name}");
+            printed_keys.insert(name);
+        }
+    }
+    for (key, default) in &documented {
+        if key.contains('<') || default == "unset" {
+            continue;
+        }
+        assert!(
+            printed_keys.contains(key),
+            "docs/CONFIG.md documents {key}, which the server does not have"
+        );
+    }
+}

@@ -1,11 +1,97 @@
-//! The `process/*` plugin (placeholder until the family lands).
+//! The `process/*` plugin (PROTOCOL §4): managed processes on pipes or pseudo-terminals,
+//! owned by the session that started them, with retained output, long-poll reads, ordered
+//! deduplicated writes, signals, resizing and termination.
+//!
+//! * [`config`] — the `[process]` table.
+//! * `start`, `read`, `write`, `signal`, `resize`, `terminate` — one module per method.
+//! * `table` — the per-session process table: reservation, lookup, kill on session end.
+//! * `managed` — one process as the methods see it: events, stdin writer, group, terminal.
+//! * `retention` — the `seq` counter, retained chunks and the read snapshot algorithm.
+//! * `pump` — the per-process task that collects output and exit and sends notifications.
+//! * `spawn` — the spawner thread that creates children with `clone(CLONE_VM|CLONE_VFORK)`.
+//! * `environment` — the child's environment (`env`, `envPolicy`, scrub) and program lookup.
+//! * `terminal` — pseudo-terminal pairs.
+//! * `sys` — thin wrappers over the system calls used on the server side.
+
+pub mod config;
+mod environment;
+mod managed;
+mod pump;
+mod read;
+mod resize;
+mod retention;
+mod signal;
+mod spawn;
+mod start;
+mod sys;
+mod table;
+mod terminal;
+mod terminate;
+mod write;
+
+use std::sync::Arc;
+
+use exec_server_core::proto::process::{
+    FAMILY_LABEL, READ, RESIZE, SIGNAL, START, TERMINATE, WRITE,
+};
+use exec_server_core::{checked_section, Call, Install, InstallError, MethodDecl, Plugin};
+use serde::Deserialize;
+
+pub use config::ProcessConfig;
+pub use read::WireBytes;
 
 exec_server_core::inventory::submit! {
-    exec_server_core::Plugin {
+    Plugin {
         name: "process",
-        summary: "process methods",
-        methods: &[],
-        config: None,
-        install: |_| Ok(()),
+        summary: "managed processes: start, read, write, signal, resize, terminate",
+        methods: &[
+            MethodDecl { name: START, family: FAMILY_LABEL },
+            MethodDecl { name: READ, family: FAMILY_LABEL },
+            MethodDecl { name: WRITE, family: FAMILY_LABEL },
+            MethodDecl { name: SIGNAL, family: FAMILY_LABEL },
+            MethodDecl { name: RESIZE, family: FAMILY_LABEL },
+            MethodDecl { name: TERMINATE, family: FAMILY_LABEL },
+        ],
+        config: Some(checked_section::<ProcessConfig>),
+        install,
     }
+}
+
+/// State shared by every handler of the plugin.
+pub(crate) struct ProcessPlugin {
+    config: ProcessConfig,
+    /// The variable named by `relay.token_env`, never inherited through `envPolicy`.
+    relay_token_env: Option<String>,
+}
+
+/// The one `relay` key this plugin reads; the relay transport owns the table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RelayTokenEnv {
+    token_env: Option<String>,
+}
+
+fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
+    let config: ProcessConfig = install.checked_config()?;
+    let relay_token_env = install
+        .config_source()
+        .section::<RelayTokenEnv>("relay")
+        .ok()
+        .and_then(|relay| relay.token_env);
+    let plugin = Arc::new(ProcessPlugin {
+        config,
+        relay_token_env,
+    });
+    install.method_with(START, &plugin, start::start);
+    install.method_with(READ, &plugin, read::read);
+    install.method_with(WRITE, &plugin, write::write);
+    install.method_with(SIGNAL, &plugin, signal::signal);
+    install.method_with(RESIZE, &plugin, resize::resize);
+    install.method_with(TERMINATE, &plugin, terminate::terminate);
+    Ok(())
+}
+
+/// The calling session's process table.
+fn table(cx: &Call) -> Arc<table::ProcessTable> {
+    cx.session().state(table::ProcessTable::default)
 }

@@ -1,0 +1,261 @@
+//! The collector of one process: reads its output streams, collects its exit status,
+//! records every event with the next `seq` and sends the notifications (PROTOCOL §4.3, §4.4).
+//!
+//! One task per process does all of this in sequence, which is what keeps notifications in
+//! `seq` order without further coordination. It awaits room in the connection's outbound
+//! queue before reading on, so a client that stops reading pauses collection for its own
+//! processes only (§2.9), and memory stays bounded by the queue plus the retention limits.
+//! While the session is detached nothing waits, output keeps being recorded and old chunks
+//! are evicted (§4.6).
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use exec_server_core::proto::bytes::base64_json;
+use exec_server_core::proto::process::{
+    ClosedNotification, ExitedNotification, OutputNotification, OutputStream, CLOSED, EXITED,
+    OUTPUT,
+};
+use exec_server_core::{ResponseQueued, Session};
+use serde::Serialize;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::managed::ManagedProcess;
+use crate::sys;
+use crate::table::ProcessTable;
+
+/// Bytes requested per `read(2)`: more than a pipe holds by default (64 KiB), so one
+/// wake-up drains it.
+const READ_BYTES: usize = 256 * 1024;
+/// A new read buffer is allocated when less than this is left in the current one. Chunks
+/// share their buffer, so this bounds the memory retained chunks can pin beyond their size.
+const MIN_READ_BYTES: usize = 16 * 1024;
+/// Reads per stream after the exit is seen and before it is recorded, so that what the
+/// child wrote before exiting precedes its exit event (a descendant may write forever).
+const DRAIN_READS: usize = 64;
+
+/// One output stream of the child.
+pub(crate) struct OutputSource {
+    pub fd: Arc<AsyncFd<OwnedFd>>,
+    pub stream: OutputStream,
+}
+
+/// What one read attempt found.
+enum ReadOutcome {
+    Data,
+    WouldBlock,
+    Eof,
+}
+
+#[derive(Clone, Copy)]
+enum Which {
+    Primary,
+    Secondary,
+}
+
+pub(crate) struct Pump {
+    pub process: Arc<ManagedProcess>,
+    pub session: Arc<Session>,
+    pub table: Arc<ProcessTable>,
+    /// stdout, or the terminal.
+    pub primary: Option<OutputSource>,
+    /// stderr in pipe mode.
+    pub secondary: Option<OutputSource>,
+    pub pidfd: AsyncFd<OwnedFd>,
+    /// Notifications wait for the `process/start` response (§2.9 rule 4); `None` once it
+    /// has been queued.
+    pub response_queued: Option<ResponseQueued>,
+    pub chunk_bytes: usize,
+    pub closed_retention: Duration,
+    pub buffer: BytesMut,
+}
+
+impl Pump {
+    pub async fn run(mut self) {
+        let table = Arc::clone(&self.table);
+        let closed = tokio::select! {
+            _ = table.ended() => false,
+            _ = self.collect() => true,
+        };
+        if !closed {
+            // The session's end killed the process group; only the reaping is left.
+            self.primary = None;
+            self.secondary = None;
+            reap(&self.pidfd).await;
+            return;
+        }
+        drop(self.primary.take());
+        drop(self.secondary.take());
+        tokio::select! {
+            _ = table.ended() => {}
+            _ = tokio::time::sleep(self.closed_retention) => table.remove(&self.process),
+        }
+    }
+
+    async fn collect(&mut self) {
+        let mut exited = false;
+        loop {
+            if exited && self.primary.is_none() && self.secondary.is_none() {
+                let seq = self.process.record(|log| log.record_close());
+                let closed = ClosedNotification {
+                    process_id: self.process.id.clone(),
+                    seq,
+                };
+                self.notify(CLOSED, &closed).await;
+                return;
+            }
+            tokio::select! {
+                ready = readable(&self.primary) => {
+                    if ready.is_err() || matches!(self.read_once(Which::Primary).await, ReadOutcome::Eof) {
+                        self.primary = None;
+                    }
+                }
+                ready = readable(&self.secondary) => {
+                    if ready.is_err() || matches!(self.read_once(Which::Secondary).await, ReadOutcome::Eof) {
+                        self.secondary = None;
+                    }
+                }
+                ready = self.pidfd.readable(), if !exited => {
+                    drop(ready);
+                    exited = self.on_exit_ready().await;
+                }
+            }
+        }
+    }
+
+    /// The pidfd is readable: drain what the child left in its streams, then collect and
+    /// record the exit. Returns whether the exit was recorded.
+    async fn on_exit_ready(&mut self) -> bool {
+        let code = match self
+            .pidfd
+            .try_io(Interest::READABLE, |fd| match sys::try_wait(fd) {
+                Ok(Some(code)) => Ok(code),
+                Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
+                Err(e) => Err(e),
+            }) {
+            Ok(code) => code,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+            Err(e) => {
+                tracing::warn!(process = %self.process.id, error = %e, "exit status not collectable");
+                -1
+            }
+        };
+        for which in [Which::Primary, Which::Secondary] {
+            for _ in 0..DRAIN_READS {
+                match self.read_once(which).await {
+                    ReadOutcome::Data => {}
+                    ReadOutcome::WouldBlock => break,
+                    ReadOutcome::Eof => {
+                        *self.source_mut(which) = None;
+                        break;
+                    }
+                }
+            }
+        }
+        let seq = self.process.record(|log| log.record_exit(code));
+        let exited = ExitedNotification {
+            process_id: self.process.id.clone(),
+            seq,
+            exit_code: code,
+            sandbox_denied: false,
+        };
+        self.notify(EXITED, &exited).await;
+        true
+    }
+
+    fn source_mut(&mut self, which: Which) -> &mut Option<OutputSource> {
+        match which {
+            Which::Primary => &mut self.primary,
+            Which::Secondary => &mut self.secondary,
+        }
+    }
+
+    /// One non-blocking read: records and announces what it got, chunk by chunk.
+    async fn read_once(&mut self, which: Which) -> ReadOutcome {
+        let Some(source) = self.source_mut(which).as_ref() else {
+            return ReadOutcome::Eof;
+        };
+        let (fd, stream) = (Arc::clone(&source.fd), source.stream);
+        if self.buffer.capacity() - self.buffer.len() < MIN_READ_BYTES {
+            self.buffer = BytesMut::with_capacity(READ_BYTES);
+        }
+        let spare: &mut [MaybeUninit<u8>] = self.buffer.spare_capacity_mut();
+        let n = match fd.try_io(Interest::READABLE, |fd| sys::read(fd.as_raw_fd(), spare)) {
+            Ok(0) => return ReadOutcome::Eof,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::WouldBlock,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return ReadOutcome::Data,
+            // A terminal's master reads EIO once no process has the slave open any more.
+            Err(e) if stream == OutputStream::Pty && e.raw_os_error() == Some(libc::EIO) => {
+                return ReadOutcome::Eof
+            }
+            Err(e) => {
+                tracing::warn!(process = %self.process.id, error = %e, "output read failed");
+                return ReadOutcome::Eof;
+            }
+        };
+        // SAFETY: read(2) initialised the first `n` bytes of the spare capacity.
+        unsafe { self.buffer.set_len(n) };
+        let data = self.buffer.split().freeze();
+        self.publish(stream, data).await;
+        ReadOutcome::Data
+    }
+
+    async fn publish(&mut self, stream: OutputStream, data: Bytes) {
+        let pieces: Vec<Bytes> = (0..data.len())
+            .step_by(self.chunk_bytes)
+            .map(|start| data.slice(start..data.len().min(start + self.chunk_bytes)))
+            .collect();
+        let first_seq = self.process.record(|log| {
+            let first = log.record_output(stream, pieces[0].clone());
+            for piece in &pieces[1..] {
+                log.record_output(stream, piece.clone());
+            }
+            first
+        });
+        for (seq, piece) in (first_seq..).zip(&pieces) {
+            let output = OutputNotification {
+                process_id: self.process.id.clone(),
+                seq,
+                stream,
+                chunk: base64_json(piece),
+            };
+            self.notify(OUTPUT, &output).await;
+        }
+    }
+
+    async fn notify<P: Serialize>(&mut self, method: &str, params: &P) {
+        if let Some(queued) = self.response_queued.take() {
+            queued.wait().await;
+        }
+        self.session.notify(method, params).await;
+    }
+}
+
+async fn readable(source: &Option<OutputSource>) -> io::Result<()> {
+    match source {
+        Some(source) => source.fd.readable().await.map(drop),
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the process behind `pidfd` to exit and reaps it.
+pub(crate) async fn reap(pidfd: &AsyncFd<OwnedFd>) {
+    loop {
+        let Ok(mut ready) = pidfd.readable().await else {
+            return;
+        };
+        match ready.try_io(|fd| match sys::try_wait(fd.get_ref()) {
+            Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
+            other => other,
+        }) {
+            Ok(_) => return,
+            Err(_would_block) => continue,
+        }
+    }
+}
