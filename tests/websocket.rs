@@ -204,11 +204,16 @@ fn prometheus_value(text: &str, series: &str) -> Option<f64> {
     let mut found = None;
     for line in text.lines().filter(|l| !l.is_empty()) {
         if let Some(comment) = line.strip_prefix("# ") {
-            assert!(comment.starts_with("HELP ") || comment.starts_with("TYPE "), "{line}");
+            assert!(
+                comment.starts_with("HELP ") || comment.starts_with("TYPE "),
+                "{line}"
+            );
             continue;
         }
         let (name_and_labels, value) = line.rsplit_once(' ').expect("`series value`");
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line}"));
         let name_end = name_and_labels.find('{').unwrap_or(name_and_labels.len());
         let name = &name_and_labels[..name_end];
         assert!(
@@ -229,7 +234,8 @@ async fn http_body(base: &str, path: &str, headers: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\r\n");
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
     tokio::time::timeout(STEP_TIMEOUT, stream.read_to_string(&mut response))
@@ -237,7 +243,10 @@ async fn http_body(base: &str, path: &str, headers: &str) -> (u16, String) {
         .unwrap()
         .unwrap();
     let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -262,7 +271,10 @@ async fn metrics_count_requests_and_connections() {
     assert_eq!(prometheus_value(&body, count), Some(3.0), "{body}");
     // Labels never carry ids or addresses.
     assert!(!body.contains("127.0.0.1"), "{body}");
-    assert!(!body.contains(client.session_id.as_deref().unwrap()), "{body}");
+    assert!(
+        !body.contains(client.session_id.as_deref().unwrap()),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -272,9 +284,16 @@ async fn metrics_require_the_bearer_token_when_configured() {
     let base = server.http_base();
     let (status, head) = http_get(&base, "/metrics", "").await;
     assert_eq!(status, 401);
-    assert!(head.to_ascii_lowercase().contains("www-authenticate: bearer"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{head}"
+    );
     let (status, body) = http_body(&base, "/metrics", "Authorization: Bearer m3trics\r\n").await;
     assert_eq!(status, 200);
     assert!(prometheus_value(&body, "nothing").is_none());
-    assert_eq!(http_get(&base, "/metrics", "Origin: http://x\r\n").await.0, 403);
+    assert_eq!(
+        http_get(&base, "/metrics", "Origin: http://x\r\n").await.0,
+        403
+    );
 }
