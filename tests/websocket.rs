@@ -297,3 +297,41 @@ async fn metrics_require_the_bearer_token_when_configured() {
         403
     );
 }
+
+#[tokio::test]
+async fn metrics_count_processes() {
+    let server = WsServer::start(&[]).await;
+    let base = server.http_base();
+    let mut client = server.connect_initialized().await;
+    let params =
+        json!({"processId": "m", "argv": ["sleep", "60"], "cwd": "/", "env": {}, "tty": false});
+    client.call("process/start", params).await;
+    let (_, body) = http_body(&base, "/metrics", "").await;
+    assert_eq!(
+        prometheus_value(&body, "exec_server_processes_started_total"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        prometheus_value(&body, "exec_server_processes_running"),
+        Some(1.0),
+        "{body}"
+    );
+    client
+        .call("process/terminate", json!({"processId": "m"}))
+        .await;
+    client.notification("process/closed").await;
+    let (_, body) = http_body(&base, "/metrics", "").await;
+    assert_eq!(
+        prometheus_value(&body, "exec_server_processes_running"),
+        Some(0.0),
+        "{body}"
+    );
+    assert_eq!(
+        prometheus_value(&body, "exec_server_processes_finished_total"),
+        Some(1.0),
+        "{body}"
+    );
+    // Commands and ids never become labels.
+    assert!(!body.contains("sleep"), "{body}");
+}

@@ -11,10 +11,11 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use exec_server_core::metrics::{self, Counter, Gauge};
 use exec_server_core::proto::bytes::base64_json;
 use exec_server_core::proto::process::{
     ClosedNotification, ExitedNotification, OutputNotification, OutputStream, CLOSED, EXITED,
@@ -75,13 +76,58 @@ pub(crate) struct Pump {
     pub buffer: BytesMut,
 }
 
+/// Counts one running process in `/metrics` while it lives.
+struct RunningProcess;
+
+impl RunningProcess {
+    fn metrics() -> &'static (Counter, Counter, Gauge) {
+        static METRICS: OnceLock<(Counter, Counter, Gauge)> = OnceLock::new();
+        METRICS.get_or_init(|| {
+            (
+                metrics::counter(
+                    "exec_server_processes_started_total",
+                    "Managed processes started.",
+                    &[],
+                ),
+                metrics::counter(
+                    "exec_server_processes_finished_total",
+                    "Managed processes that closed or were killed with their session.",
+                    &[],
+                ),
+                metrics::gauge(
+                    "exec_server_processes_running",
+                    "Managed processes not yet closed.",
+                    &[],
+                ),
+            )
+        })
+    }
+
+    fn new() -> Self {
+        let (started, _, running) = Self::metrics();
+        started.inc();
+        running.inc();
+        Self
+    }
+}
+
+impl Drop for RunningProcess {
+    fn drop(&mut self) {
+        let (_, finished, running) = Self::metrics();
+        finished.inc();
+        running.dec();
+    }
+}
+
 impl Pump {
     pub async fn run(mut self) {
         let table = Arc::clone(&self.table);
+        let running = RunningProcess::new();
         let closed = tokio::select! {
             _ = table.ended() => false,
             _ = self.collect() => true,
         };
+        drop(running);
         if !closed {
             // The session's end killed the process group; only the reaping is left.
             self.primary = None;
