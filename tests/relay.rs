@@ -240,6 +240,8 @@ async fn start_proxy(upstream_port_file: Arc<Mutex<String>>) -> Proxy {
     }
 }
 
+// The handshake callback's error type is tungstenite's, not ours to shrink.
+#[allow(clippy::result_large_err)]
 async fn proxy_socket(
     tcp: tokio::net::TcpStream,
     frames: Arc<Mutex<Vec<Vec<u8>>>>,
