@@ -46,6 +46,9 @@ pub enum Command {
     Methods,
     /// Print the effective configuration (secrets redacted) as TOML.
     Config,
+    /// Run a command on a server as if it were local: live output, stdin forwarded,
+    /// `--tty` for a terminal, the remote exit code as the exit code.
+    Run(exec_server_client::run::RunArgs),
     /// Run the self-hosted relay registry and rendezvous service. `--listen http://IP:PORT`
     /// picks the address (default `http://127.0.0.1:0`); the first stdout line is its URL.
     Rendezvous {

@@ -55,7 +55,14 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
     if let Some(code) = exec_server_core::helpers::dispatch_hidden_helper(&args) {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    let cli = cli::Cli::parse_from(args);
+    let cli = match cli::Cli::parse_from(args) {
+        cli::Cli {
+            command: Some(cli::Command::Run(run)),
+            config,
+            ..
+        } => return exec_server_client::run::main(run, config.as_deref()),
+        cli => cli,
+    };
     let expected: Vec<(&str, &str)> = BUILT_IN_PLUGINS.iter().chain(extra).copied().collect();
     match start(cli, &expected) {
         Ok(()) => ExitCode::SUCCESS,
@@ -73,6 +80,7 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
     match cli.command {
         Some(cli::Command::Methods) => print_methods(&source, &core),
         Some(cli::Command::Config) => print_config(&source, &core),
+        Some(cli::Command::Run(_)) => unreachable!("`run` is dispatched before start-up"),
         Some(cli::Command::Rendezvous { public_url }) => {
             init_logging();
             let args = exec_server_relay::rendezvous::RendezvousArgs {

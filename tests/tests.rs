@@ -4,6 +4,7 @@
 #[macro_use]
 mod util;
 
+mod client;
 mod config;
 mod environment;
 mod fs;

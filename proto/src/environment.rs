@@ -8,9 +8,10 @@ pub struct ShellInfo {
     pub path: String,
 }
 
-/// What reference clients may use; every member is `false` on exec-server (§6.1).
+/// What reference clients may use; every member is `false` on exec-server (§6.1). A
+/// missing member decodes as `false`, as clients must treat it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct Capabilities {
     pub network_proxy_launch: bool,
     pub capability_discovery_sandbox: bool,

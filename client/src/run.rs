@@ -1,0 +1,366 @@
+//! `exec-server run`: runs a command on a server and behaves like a local one.
+//!
+//! Output goes to stdout and stderr as it arrives, stdin is forwarded, and the remote exit
+//! code becomes the exit code. With `--tty` the command gets a pseudo-terminal sized like
+//! the local one (and resized on SIGWINCH) and the local terminal is put in raw mode, so
+//! keys — Ctrl-C included — reach the remote terminal as they would a local one. Without
+//! `--tty`, SIGINT, SIGTERM, SIGHUP and SIGQUIT received by `run` are forwarded with
+//! `process/signal`. A lost WebSocket connection is resumed by the client underneath.
+//!
+//! Exit codes of `run` itself follow `docker run`: 125 when `run` fails (connection,
+//! session lost, request refused), 126 when the command cannot be executed, 127 when it
+//! is not found; otherwise the command's own code (128 + N after signal N).
+
+pub(crate) mod terminal;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use exec_server_config::core::CONNECTION_TOKEN_ENV;
+use exec_server_config::{CliOverrides, ConfigSource};
+use exec_server_proto::process::{
+    EnvInherit, EnvPolicy, OutputStream, Signal, StartParams, TerminalSize, WriteStatus,
+};
+use exec_server_relay::config::RelayConfig;
+use exec_server_relay::harness::RelayConnectArgs;
+use exec_server_relay::registry::SecretString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{ClientOptions, ExecServerClient, ExecServerError, ProcessControl, ProcessEvent};
+
+/// `run` failed before or while running the command.
+const EXIT_RUN_FAILED: u8 = 125;
+/// The command exists but cannot be executed.
+const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// The command was not found.
+const EXIT_NOT_FOUND: u8 = 127;
+/// Local stdout went away (like a local command killed by SIGPIPE).
+const EXIT_BROKEN_PIPE: u8 = 128 + 13;
+
+/// Arguments of `exec-server run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// WebSocket URL of a running server (`ws://IP:PORT`). A bearer token, when the server
+    /// needs one, is read from CODEX_EXEC_SERVER_CONNECTION_TOKEN.
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with_all = ["stdio", "remote"],
+        required_unless_present_any = ["stdio", "remote"]
+    )]
+    pub url: Option<String>,
+
+    /// Start a server with this shell command (e.g. `exec-server --listen stdio`) and talk
+    /// to it over its stdin and stdout.
+    #[arg(long, value_name = "CMD", conflicts_with = "remote")]
+    pub stdio: Option<String>,
+
+    /// Reach an executor through the relay registry at this base URL (RELAY.md §9.3). The
+    /// bearer token and the `[relay]` settings come from the same sources as for the
+    /// executor: `relay.token_file`, the variable named by `relay.token_env`
+    /// (EXEC_SERVER_RELAY_TOKEN), then CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN.
+    #[arg(long, value_name = "URL", requires = "environment_id")]
+    pub remote: Option<String>,
+
+    /// The environment to reach through the relay.
+    #[arg(
+        long = "environment-id",
+        alias = "executor-id",
+        value_name = "ID",
+        requires = "remote"
+    )]
+    pub environment_id: Option<String>,
+
+    /// Run the command on a pseudo-terminal, with the local terminal in raw mode.
+    #[arg(long)]
+    pub tty: bool,
+
+    /// Working directory on the server (default: the server's own).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+
+    /// Set a variable in the command's environment (repeatable). The command otherwise
+    /// gets the server's environment minus variables that look like secrets.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+
+    /// Do not forward stdin: the command's stdin is at end-of-file from the start.
+    #[arg(long)]
+    pub no_stdin: bool,
+
+    /// The program and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    pub command: Vec<String>,
+}
+
+fn parse_env(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(format!("expected NAME=VALUE, got `{text}`")),
+    }
+}
+
+/// Runs the command and returns the exit code for the local process. `config` is the
+/// `--config` file, read for the `[relay]` settings of `--remote`.
+pub fn main(args: RunArgs, config: Option<&Path>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("exec-server run: failed to start the async runtime: {e}");
+            return ExitCode::from(EXIT_RUN_FAILED);
+        }
+    };
+    let outcome = runtime.block_on(run(args, config));
+    // A blocking read of local stdin cannot be cancelled; do not wait for it.
+    runtime.shutdown_background();
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("exec-server run: {}", failure.error);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+struct Failure {
+    error: ExecServerError,
+    code: u8,
+}
+
+impl From<ExecServerError> for Failure {
+    fn from(error: ExecServerError) -> Self {
+        Self {
+            error,
+            code: EXIT_RUN_FAILED,
+        }
+    }
+}
+
+/// The exit code for a `process/start` error: spawn failures map like a shell's.
+fn start_failure(error: ExecServerError) -> Failure {
+    let code = match error.rpc() {
+        Some(e) if e.message.starts_with("failed to spawn process") => {
+            if e.message.contains("(os error 2)") {
+                EXIT_NOT_FOUND
+            } else {
+                EXIT_CANNOT_EXECUTE
+            }
+        }
+        _ => EXIT_RUN_FAILED,
+    };
+    Failure { error, code }
+}
+
+async fn connect(
+    args: &RunArgs,
+    config: Option<&Path>,
+) -> Result<ExecServerClient, ExecServerError> {
+    let options = ClientOptions {
+        client_name: "exec-server run".into(),
+        ..ClientOptions::default()
+    };
+    if let (Some(remote), Some(environment_id)) = (&args.remote, &args.environment_id) {
+        let relay_args = relay_args(remote, environment_id, config)
+            .map_err(|e| ExecServerError::InvalidRequest(e.to_string()))?;
+        return ExecServerClient::connect_relay(relay_args, options).await;
+    }
+    match (&args.url, &args.stdio) {
+        (Some(url), _) => {
+            let token = std::env::var(CONNECTION_TOKEN_ENV).ok();
+            ExecServerClient::connect_websocket(url, token, options).await
+        }
+        (None, Some(command_line)) => {
+            let mut command = tokio::process::Command::new("sh");
+            command.arg("-c").arg(command_line);
+            // Its own process group: a Ctrl-C at the local terminal is for the remote
+            // command, not for the server that runs it.
+            command.process_group(0);
+            if std::env::var_os("RUST_LOG").is_none() {
+                command.env("RUST_LOG", "warn");
+            }
+            ExecServerClient::connect_stdio(command, options).await
+        }
+        (None, None) => Err(ExecServerError::InvalidRequest(
+            "one of --url, --stdio or --remote is required".into(),
+        )),
+    }
+}
+
+/// The relay settings for `--remote`: the `[relay]` keys (file, then environment) and the
+/// executor's token sources.
+fn relay_args(
+    remote: &str,
+    environment_id: &str,
+    config: Option<&Path>,
+) -> Result<RelayConnectArgs, String> {
+    let source = ConfigSource::load(config, CliOverrides::default()).map_err(|e| e.to_string())?;
+    let relay = RelayConfig::load(&source).map_err(|e| e.to_string())?;
+    let token = relay.bearer_token()?;
+    let mut args = RelayConnectArgs::new(remote, environment_id, SecretString::new(token));
+    args.request_timeout = Duration::from_millis(relay.request_timeout_ms);
+    args.connect_timeout = Duration::from_millis(relay.connect_timeout_ms);
+    args.handshake_timeout = Duration::from_millis(relay.handshake_timeout_ms);
+    args.resume_grace = Duration::from_millis(relay.resume_grace_ms);
+    args.allow_insecure = relay.allow_insecure;
+    Ok(args)
+}
+
+async fn run(args: RunArgs, config: Option<&Path>) -> Result<u8, Failure> {
+    let client = connect(&args, config).await?;
+    let cwd = match &args.cwd {
+        Some(cwd) => cwd.clone(),
+        None => client
+            .environment_info()
+            .await?
+            .cwd
+            .unwrap_or_else(|| "/".into()),
+    };
+    let mut env: BTreeMap<String, String> = args.env.iter().cloned().collect();
+    let size = if args.tty {
+        if let Ok(term) = std::env::var("TERM") {
+            env.entry("TERM".into()).or_insert(term);
+        }
+        terminal::window_size(0).or_else(|| terminal::window_size(1))
+    } else {
+        None
+    };
+    let forward_stdin = !args.no_stdin && !terminal::stdin_is_null();
+    let params = StartParams {
+        process_id: ExecServerClient::new_process_id(),
+        argv: args.command.clone(),
+        cwd,
+        env,
+        tty: args.tty,
+        pipe_stdin: Some(forward_stdin),
+        arg0: None,
+        env_policy: Some(EnvPolicy {
+            inherit: EnvInherit::All,
+            ignore_default_excludes: false,
+            exclude: Vec::new(),
+            set: BTreeMap::new(),
+            include_only: Vec::new(),
+        }),
+        sandbox: None,
+        size: size.map(|(rows, cols)| TerminalSize { rows, cols }),
+        network_proxy: None,
+        enforce_managed_network: None,
+    };
+    let process = client.start_process(params).await.map_err(start_failure)?;
+    let raw_mode = if args.tty && terminal::is_terminal(0) {
+        terminal::RawMode::enable(0).ok()
+    } else {
+        None
+    };
+    let (control, mut events) = process.into_parts();
+    if forward_stdin {
+        tokio::spawn(forward_input(control.clone()));
+    }
+    tokio::spawn(forward_signals(control.clone(), args.tty));
+
+    let mut stdout = tokio::io::stdout();
+    let mut stderr = tokio::io::stderr();
+    let mut exit_code = None;
+    let outcome = loop {
+        let Some(event) = events.next_event().await else {
+            break Ok(());
+        };
+        match event {
+            Ok(ProcessEvent::Output { stream, bytes, .. }) => {
+                let written = match stream {
+                    OutputStream::Stderr => write_all(&mut stderr, &bytes).await,
+                    OutputStream::Stdout | OutputStream::Pty => {
+                        write_all(&mut stdout, &bytes).await
+                    }
+                };
+                if written.is_err() {
+                    let _ = control.terminate().await;
+                    exit_code = Some(i32::from(EXIT_BROKEN_PIPE));
+                    break Ok(());
+                }
+            }
+            Ok(ProcessEvent::Exited {
+                exit_code: code, ..
+            }) => exit_code = Some(code),
+            Ok(ProcessEvent::OutputLost { first, last }) => {
+                let line_end = if raw_mode.is_some() { "\r\n" } else { "\n" };
+                let warning = format!(
+                    "exec-server run: output events {first}-{last} were lost while reconnecting{line_end}"
+                );
+                let _ = write_all(&mut stderr, warning.as_bytes()).await;
+            }
+            Ok(ProcessEvent::Closed { .. }) => break Ok(()),
+            Err(error) => break Err(error),
+        }
+    };
+    drop(raw_mode);
+    outcome?;
+    Ok(match exit_code {
+        Some(code) => u8::try_from(code).unwrap_or(u8::MAX),
+        None => EXIT_RUN_FAILED,
+    })
+}
+
+async fn write_all(out: &mut (impl AsyncWriteExt + Unpin), bytes: &[u8]) -> std::io::Result<()> {
+    out.write_all(bytes).await?;
+    out.flush().await
+}
+
+/// Forwards local stdin until it ends or the remote side stops accepting input.
+async fn forward_input(control: ProcessControl) {
+    let mut stdin = tokio::io::stdin();
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let n = match stdin.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        match control.write(&buffer[..n]).await {
+            Ok(WriteStatus::Accepted) => {}
+            _ => return,
+        }
+    }
+}
+
+/// Forwards terminal size changes and, without a local raw terminal, the signals a user
+/// sends to `run` itself.
+async fn forward_signals(control: ProcessControl, tty: bool) {
+    let (Ok(mut winch), Ok(mut int), Ok(mut term), Ok(mut hup), Ok(mut quit)) = (
+        signal(SignalKind::window_change()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+        signal(SignalKind::quit()),
+    ) else {
+        return;
+    };
+    loop {
+        let forwarded = tokio::select! {
+            _ = winch.recv() => {
+                if tty {
+                    if let Some((rows, cols)) = terminal::window_size(0).or_else(|| terminal::window_size(1)) {
+                        let _ = control.resize(rows, cols).await;
+                    }
+                }
+                continue;
+            }
+            _ = int.recv() => Signal::Interrupt,
+            _ = term.recv() => Signal::Terminate,
+            _ = hup.recv() => Signal::Hangup,
+            _ = quit.recv() => Signal::Quit,
+        };
+        let _ = control.signal(forwarded).await;
+    }
+}
