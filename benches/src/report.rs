@@ -9,6 +9,8 @@ pub enum Unit {
     Micros,
     /// Requests per second; higher is better; ratio = measured / floor.
     PerSecond,
+    /// Bytes per second; higher is better; ratio = measured / floor.
+    BytesPerSecond,
     /// Kibibytes of memory; lower is better; no floor.
     KiB,
 }
@@ -38,6 +40,7 @@ fn format_value(unit: Unit, value: f64) -> String {
     match unit {
         Unit::Micros => format!("{value:.1} µs"),
         Unit::PerSecond => format!("{value:.0}/s"),
+        Unit::BytesPerSecond => format!("{:.0} MiB/s", value / (1024.0 * 1024.0)),
         Unit::KiB => format!("{value:.1} KiB"),
     }
 }
@@ -96,6 +99,7 @@ pub fn to_json(rows: &[Row]) -> Value {
                 "unit": match row.unit {
                     Unit::Micros => "us",
                     Unit::PerSecond => "per_s",
+                    Unit::BytesPerSecond => "bytes_per_s",
                     Unit::KiB => "KiB",
                 },
                 "target": row.target,

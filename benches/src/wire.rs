@@ -1,8 +1,12 @@
-//! A minimal JSON-RPC client for measurements: raw text out, raw text in, no framework.
+//! A minimal JSON-RPC client for measurements: raw text out, raw text in, no framework,
+//! the same code over a WebSocket or a relay stream.
 
+use base64::Engine as _;
+use exec_server_relay::harness::RelayConnection;
 use futures_util::{SinkExt, StreamExt};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::target::StdioProcess;
@@ -10,50 +14,119 @@ use crate::target::StdioProcess;
 pub type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// One JSON-RPC connection: whole messages in and out.
+pub(crate) trait Rpc {
+    async fn send_text(&mut self, text: String);
+    async fn recv_text(&mut self) -> String;
+}
+
+impl Rpc for Ws {
+    async fn send_text(&mut self, text: String) {
+        self.send(Message::Text(text.into())).await.expect("send");
+    }
+
+    async fn recv_text(&mut self) -> String {
+        loop {
+            match self.next().await.expect("connection open").expect("read") {
+                Message::Text(text) => return text.to_string(),
+                Message::Binary(bytes) => return String::from_utf8_lossy(&bytes).into_owned(),
+                _ => continue,
+            }
+        }
+    }
+}
+
+impl Rpc for RelayConnection {
+    async fn send_text(&mut self, text: String) {
+        self.send(text).await.expect("relay send");
+    }
+
+    async fn recv_text(&mut self) -> String {
+        let bytes = self.recv().await.expect("relay stream open");
+        String::from_utf8(bytes.to_vec()).expect("UTF-8 JSON")
+    }
+}
+
+/// Connects with limits large enough for a 64 MiB file in one answer.
 pub async fn ws_connect(url: &str) -> Ws {
-    let (ws, _) = tokio_tungstenite::connect_async(url)
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(1 << 30))
+        .max_frame_size(Some(1 << 30));
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
         .await
         .expect("websocket connect");
     ws
 }
 
-pub async fn ws_send(ws: &mut Ws, text: &str) {
-    ws.send(Message::Text(text.to_owned().into()))
-        .await
-        .expect("send");
-}
-
-/// The next text message.
-pub async fn ws_recv(ws: &mut Ws) -> String {
+/// Sends `text` and waits for the message whose `id` matches.
+pub(crate) async fn round_trip(conn: &mut impl Rpc, text: &str, id: i64) -> Value {
+    conn.send_text(text.to_owned()).await;
     loop {
-        match ws.next().await.expect("connection open").expect("read") {
-            Message::Text(text) => return text.to_string(),
-            Message::Binary(bytes) => return String::from_utf8_lossy(&bytes).into_owned(),
-            _ => continue,
-        }
-    }
-}
-
-/// One round trip: send, then wait for the message whose `id` matches.
-pub async fn ws_round_trip(ws: &mut Ws, text: &str, id: i64) -> Value {
-    ws_send(ws, text).await;
-    loop {
-        let reply: Value = serde_json::from_str(&ws_recv(ws).await).expect("JSON");
+        let reply: Value = serde_json::from_str(&conn.recv_text().await).expect("JSON");
         if reply["id"] == id {
             return reply;
         }
     }
 }
 
-/// `initialize` + `initialized` over a WebSocket.
-pub async fn ws_handshake(ws: &mut Ws) {
-    ws_round_trip(
-        ws,
+/// `initialize` + `initialized`.
+pub(crate) async fn handshake(conn: &mut impl Rpc) {
+    round_trip(
+        conn,
         r#"{"id":0,"method":"initialize","params":{"clientName":"bench"}}"#,
         0,
     )
     .await;
-    ws_send(ws, r#"{"method":"initialized"}"#).await;
+    conn.send_text(r#"{"method":"initialized"}"#.to_owned())
+        .await;
+}
+
+/// Calls `method` and returns its result, panicking on an error answer.
+pub(crate) async fn call(conn: &mut impl Rpc, id: i64, method: &str, params: Value) -> Value {
+    let request = json!({"id": id, "method": method, "params": params}).to_string();
+    let mut reply = round_trip(conn, &request, id).await;
+    if let Some(error) = reply.get("error") {
+        panic!("{method} failed: {error}");
+    }
+    reply["result"].take()
+}
+
+/// Decoded length of a base64 string.
+pub fn decoded_len(text: &str) -> usize {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .expect("base64")
+        .len()
+}
+
+/// Starts `argv` as process `process_id` and returns the decoded output byte count once
+/// the process closed.
+pub(crate) async fn run_process(
+    conn: &mut impl Rpc,
+    process_id: &str,
+    argv: &[&str],
+    tty: bool,
+) -> u64 {
+    let params = json!({"processId": process_id, "argv": argv, "cwd": "/", "env": {}, "tty": tty});
+    let start = json!({"id": -2, "method": "process/start", "params": params}).to_string();
+    conn.send_text(start).await;
+    let mut bytes = 0u64;
+    loop {
+        let message: Value = serde_json::from_str(&conn.recv_text().await).expect("JSON");
+        if let Some(error) = message.get("error") {
+            panic!("process/start failed: {error}");
+        }
+        if message["params"]["processId"] != process_id {
+            continue;
+        }
+        match message["method"].as_str() {
+            Some("process/output") => {
+                bytes += decoded_len(message["params"]["chunk"].as_str().expect("chunk")) as u64;
+            }
+            Some("process/closed") => return bytes,
+            _ => {}
+        }
+    }
 }
 
 pub async fn line_send(p: &mut StdioProcess, text: &str) {

@@ -8,7 +8,7 @@ use crate::wire;
 use crate::Budget;
 
 /// Lets the server settle (allocator, lazily started threads) before reading its RSS.
-async fn settled_rss(pid: u32) -> f64 {
+pub async fn settled_rss(pid: u32) -> f64 {
     tokio::time::sleep(Duration::from_millis(300)).await;
     rss_kib(pid)
 }
@@ -35,7 +35,7 @@ pub async fn rss_per_conn(budget: Budget) -> Row {
     let mut connections = Vec::with_capacity(budget.memory_units);
     for _ in 0..budget.memory_units {
         let mut ws = wire::ws_connect(&server.url).await;
-        wire::ws_handshake(&mut ws).await;
+        wire::handshake(&mut ws).await;
         connections.push(ws);
     }
     let after = settled_rss(server.pid()).await;

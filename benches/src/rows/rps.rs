@@ -20,7 +20,7 @@ async fn requests_per_second(
     for _ in 0..connections {
         let mut ws = wire::ws_connect(url).await;
         if handshake {
-            wire::ws_handshake(&mut ws).await;
+            wire::handshake(&mut ws).await;
         }
         clients.push(ws);
     }
@@ -33,7 +33,7 @@ async fn requests_per_second(
             let mut id = 1i64;
             while Instant::now() < deadline {
                 let text = format!(r#"{{"id":{id},"method":"environment/status"}}"#);
-                wire::ws_round_trip(&mut ws, &text, id).await;
+                wire::round_trip(&mut ws, &text, id).await;
                 done.fetch_add(1, Ordering::Relaxed);
                 id += 1;
             }

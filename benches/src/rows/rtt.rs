@@ -30,10 +30,15 @@ async fn samples(count: usize, mut round_trip: impl AsyncFnMut(i64)) -> Vec<Dura
 async fn ws_samples(url: &str, handshake: bool, count: usize) -> Vec<Duration> {
     let mut ws = wire::ws_connect(url).await;
     if handshake {
-        wire::ws_handshake(&mut ws).await;
+        wire::handshake(&mut ws).await;
     }
+    rpc_samples(&mut ws, count).await
+}
+
+/// Round trips of `environment/status` on an initialized connection of any kind.
+pub(crate) async fn rpc_samples(conn: &mut impl wire::Rpc, count: usize) -> Vec<Duration> {
     samples(count, async |id| {
-        wire::ws_round_trip(&mut ws, &status_request(id), id).await;
+        wire::round_trip(conn, &status_request(id), id).await;
     })
     .await
 }
