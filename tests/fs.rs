@@ -1936,7 +1936,15 @@ fn with_members(params: &Value, members: &Value) -> Value {
 
 #[tokio::test]
 async fn sandboxes_that_need_enforcement_fail_closed() {
-    let mut client = started(None).await;
+    // Where Landlock is unavailable (the server runs under a filter that refuses its
+    // system calls), every request that needs enforcement is refused.
+    let mut command = crate::sandbox::no_landlock_command(&["--listen", "stdio"]);
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    let mut client = Client::stdio_after_harness_preamble(command).await;
+    client.handshake().await;
     let (_keep, dir) = temp_dir();
     std::fs::write(dir.join("f"), b"untouched").unwrap();
     let cwd = uri(&dir);

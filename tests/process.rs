@@ -887,9 +887,9 @@ async fn bad_input_gets_the_spec_answer_and_the_server_keeps_serving() {
             "process/start field `enforceManagedNetwork` is not supported by this server",
         ),
         (
-            start_err(json!({"sandbox": {"sandboxPolicy": {"type": "read-only"}}})),
+            start_err(json!({"sandbox": {}})),
             -32602,
-            "sandbox intent cannot be enforced on this executor",
+            "sandbox must contain either permissions or sandboxPolicy",
         ),
     ];
     for (params, code, message) in cases {

@@ -11,4 +11,5 @@ mod fs;
 mod handshake;
 mod process;
 mod relay;
+mod sandbox;
 mod websocket;

@@ -135,6 +135,30 @@ impl Client {
         })
     }
 
+    /// Connects to a stdio server that is started by a test-binary wrapper: the lines the
+    /// test harness prints before the wrapper execs the server are skipped.
+    pub async fn stdio_after_harness_preamble(mut cmd: Command) -> Self {
+        let mut child = cmd.spawn().expect("spawn the wrapper");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        loop {
+            let mut line = String::new();
+            let n = tokio::time::timeout(STEP_TIMEOUT, stdout.read_line(&mut line))
+                .await
+                .expect("the wrapper starts")
+                .unwrap();
+            assert!(n > 0, "the wrapper ended before the server started");
+            if line.starts_with("running ") {
+                break;
+            }
+        }
+        Self::new(Conn::Stdio {
+            stdin: Some(stdin),
+            stdout,
+            child,
+        })
+    }
+
     pub async fn websocket(url: &str) -> Self {
         let (ws, _) = tokio_tungstenite::connect_async(url)
             .await

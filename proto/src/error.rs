@@ -443,6 +443,51 @@ impl RpcError {
     }
 }
 
+// ---- the fs sandbox helper (SANDBOX.md §4, §7.2) -------------------------------------
+
+impl RpcError {
+    /// The helper received a request that still carries a sandbox (§4.4).
+    pub fn direct_operation_with_sandbox() -> Self {
+        Self::invalid_request("direct filesystem operations do not accept sandbox context")
+    }
+
+    pub fn fs_helper_spawn_failed(os_error: impl fmt::Display) -> Self {
+        Self::internal(format!("failed to spawn fs sandbox helper: {os_error}"))
+    }
+
+    /// `status` is the standard library's display of the exit status; `stderr` the capped,
+    /// trimmed stderr text.
+    pub fn fs_helper_failed(status: impl fmt::Display, stderr: &str) -> Self {
+        Self::internal(format!(
+            "fs sandbox helper failed with status {status}: {stderr}"
+        ))
+    }
+
+    pub fn fs_helper_timed_out(ms: u64) -> Self {
+        Self::internal(format!("fs sandbox helper timed out after {ms} ms"))
+    }
+
+    pub fn fs_helper_message(reason: impl fmt::Display) -> Self {
+        Self::internal(format!(
+            "failed to encode or decode fs sandbox helper message: {reason}"
+        ))
+    }
+
+    pub fn fs_helper_unexpected_response(expected: &str, got: &str) -> Self {
+        Self::internal(format!(
+            "unexpected fs sandbox helper response: expected {expected}, got {got}"
+        ))
+    }
+
+    pub fn fs_helper_no_response() -> Self {
+        Self::internal("fs sandbox helper closed stdout without responding")
+    }
+
+    pub fn fs_helper_response_too_large(limit: u64) -> Self {
+        Self::internal(format!("fs sandbox helper response exceeded {limit} bytes"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,30 @@
-//! exec-server's sandbox (`SANDBOX.md`).
+//! exec-server's sandbox (`SANDBOX.md`): which requests need confinement, and the helper
+//! processes that confine themselves with Landlock and seccomp before doing the work.
 //!
 //! * [`policy`] — every accepted `sandbox` shape normalised into one decision: run directly,
 //!   or enforce a [`policy::SandboxPolicy`]; plus the user-space access check of the fs
 //!   helper and the policy's command-line JSON form.
+//! * [`config`] — the `[sandbox]` table and the config-only `sandbox` plugin.
+//! * [`enforce`] — `no_new_privs`, the seccomp filter, the Landlock ruleset, the probe.
+//! * [`fs_helper`] — the fs helper: protocol, helper `main`, and the server-side runner.
+//! * [`exec`] — the sandbox launcher of `process/start` and its control socket.
+//! * [`narrow`] — mount narrowing of carve-outs and deny entries for processes.
+//! * [`denial`] — the `sandboxDenied` classifier of process exits.
+//! * [`runtime`] — what the `fs` and `process` plugins use to serve sandboxed requests.
+//! * [`helpers`] — hidden-helper registration and the launcher's entry point.
 
+pub mod config;
+pub mod denial;
+pub mod enforce;
+pub mod exec;
+pub mod fs_helper;
+pub mod helpers;
+pub mod narrow;
 pub mod policy;
+pub mod runtime;
+
+pub use config::SandboxConfig;
+pub use exec::SANDBOX_EXEC_ARG1;
+pub use fs_helper::FS_HELPER_ARG1;
+pub use helpers::run_sandbox_exec_main;
+pub use runtime::SandboxRuntime;

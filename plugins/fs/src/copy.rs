@@ -10,15 +10,16 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::CopyParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
-use crate::config::FsConfig;
 use crate::nonblocking;
-use crate::paths::host_path;
-use crate::routing::{execute, FsOperation};
+use crate::paths::{helper_path, host_path};
+use crate::routing::{execute, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
-    _config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: CopyParams,
 ) -> Result<Empty, RpcError> {
@@ -28,6 +29,7 @@ pub(crate) async fn handle(
         recursive: params.recursive,
     };
     execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -46,9 +48,27 @@ pub(crate) struct Copy {
 
 impl FsOperation for Copy {
     type Output = ();
+    const METHOD: &'static str = exec_server_core::proto::fs::COPY;
 
     fn run(self) -> Result<(), RpcError> {
         copy(&self.source, &self.destination, self.recursive)
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({
+            "sourcePath": helper_path(&self.source),
+            "destinationPath": helper_path(&self.destination),
+            "recursive": self.recursive,
+            "sandbox": null,
+        })
+    }
+
+    fn output_to_wire((): ()) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&Empty {})
+    }
+
+    fn output_from_wire(&self, _response: &RawValue) -> Result<(), RpcError> {
+        Ok(())
     }
 }
 

@@ -8,14 +8,15 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::CreateDirectoryParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
-use crate::config::FsConfig;
-use crate::paths::host_path;
-use crate::routing::{execute, FsOperation};
+use crate::paths::{helper_path, host_path};
+use crate::routing::{execute, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
-    _config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: CreateDirectoryParams,
 ) -> Result<Empty, RpcError> {
@@ -25,6 +26,7 @@ pub(crate) async fn handle(
         follow_symlinks: params.follow_symlinks.unwrap_or(true),
     };
     execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -43,9 +45,27 @@ pub(crate) struct CreateDirectory {
 
 impl FsOperation for CreateDirectory {
     type Output = ();
+    const METHOD: &'static str = exec_server_core::proto::fs::CREATE_DIRECTORY;
 
     fn run(self) -> Result<(), RpcError> {
         create_directory(&self.path, self.recursive, self.follow_symlinks).or_rpc()
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({
+            "path": helper_path(&self.path),
+            "recursive": self.recursive,
+            "followSymlinks": self.follow_symlinks,
+            "sandbox": null,
+        })
+    }
+
+    fn output_to_wire((): ()) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&Empty {})
+    }
+
+    fn output_from_wire(&self, _response: &RawValue) -> Result<(), RpcError> {
+        Ok(())
     }
 }
 

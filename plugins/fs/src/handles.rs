@@ -16,14 +16,13 @@ use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 
 use crate::blocking::{self, IoResultExt};
-use crate::config::FsConfig;
 use crate::paths::host_path;
 use crate::payload::Base64Bytes;
 use crate::read_file::open_regular;
-use crate::routing::check_streaming;
+use crate::routing::{check_streaming, FsState};
 
 pub(crate) async fn handle_open(
-    config: Arc<FsConfig>,
+    config: Arc<FsState>,
     cx: Call,
     params: OpenParams,
 ) -> Result<HandleResult, RpcError> {
@@ -31,7 +30,11 @@ pub(crate) async fn handle_open(
     check_handle_id(&params.handle_id)?;
     let table = cx.connection_state(HandleTable::default);
     let reservation = HandleTable::reserve(&table, &params.handle_id, config.max_open_handles)?;
-    check_streaming(params.sandbox.as_ref(), params.sandbox_policy.as_ref())?;
+    check_streaming(
+        &config.sandbox,
+        params.sandbox.as_ref(),
+        params.sandbox_policy.as_ref(),
+    )?;
     let file = blocking::run(move || open_regular(&path, true)).await?;
     reservation.fill(file);
     Ok(HandleResult {
@@ -40,7 +43,7 @@ pub(crate) async fn handle_open(
 }
 
 pub(crate) async fn handle_read_block(
-    config: Arc<FsConfig>,
+    config: Arc<FsState>,
     cx: Call,
     params: ReadBlockParams,
 ) -> Result<ReadBlockResult<Base64Bytes>, RpcError> {
@@ -68,7 +71,7 @@ pub(crate) async fn handle_read_block(
 }
 
 pub(crate) async fn handle_close(
-    _config: Arc<FsConfig>,
+    _config: Arc<FsState>,
     cx: Call,
     params: CloseParams,
 ) -> Result<Empty, RpcError> {

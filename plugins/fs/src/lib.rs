@@ -2,7 +2,9 @@
 //! the server's host, with the server's user rights.
 //!
 //! * `config` — the `[fs]` table: the limits of §7.
-//! * `routing` — what a request's `sandbox` means for where it runs (§5.2.2).
+//! * `routing` — what a request's `sandbox` means for where it runs (§5.2.2): in-process
+//!   or in the fs helper.
+//! * `helper` — the fs helper's executor and its hidden-helper registration.
 //! * `blocking` — runs filesystem work on the blocking pool and maps OS errors (§5.3).
 //! * `paths` — wire paths to host paths, and host paths back to message text (§5.1).
 //! * `payload` — owned bytes serialized as base64 straight into the response.
@@ -20,6 +22,7 @@ mod config;
 mod copy;
 mod create_directory;
 mod handles;
+mod helper;
 mod metadata;
 mod nonblocking;
 mod paths;
@@ -38,8 +41,12 @@ use exec_server_core::proto::fs::{
     READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_FILE,
 };
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
+use exec_server_sandbox::SandboxRuntime;
+
+use crate::routing::FsState;
 
 pub use config::FsConfig;
+pub use helper::run_fs_helper_main;
 
 exec_server_core::inventory::submit! {
     Plugin {
@@ -65,7 +72,14 @@ exec_server_core::inventory::submit! {
 }
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
-    let config: Arc<FsConfig> = Arc::new(install.checked_config()?);
+    let sandbox = SandboxRuntime::from_source(
+        install.config_source(),
+        install.core_config().limits.max_message_bytes,
+    )?;
+    let config = Arc::new(FsState {
+        config: install.checked_config()?,
+        sandbox,
+    });
     install.method_with(READ_FILE, &config, read_file::handle);
     install.method_with(WRITE_FILE, &config, write_file::handle);
     install.method_with(CREATE_DIRECTORY, &config, create_directory::handle);

@@ -7,17 +7,19 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use exec_server_core::proto::fs::{CanonicalizeParams, GetMetadataParams, Metadata, PathResult};
+use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::path::to_file_uri;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
-use crate::config::FsConfig;
-use crate::paths::host_path;
-use crate::routing::{execute, FsOperation};
+use crate::paths::{helper_path, host_path};
+use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle_get_metadata(
-    _config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: GetMetadataParams,
 ) -> Result<Metadata, RpcError> {
@@ -26,6 +28,7 @@ pub(crate) async fn handle_get_metadata(
         follow_symlinks: params.follow_symlinks.unwrap_or(true),
     };
     execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -34,7 +37,7 @@ pub(crate) async fn handle_get_metadata(
 }
 
 pub(crate) async fn handle_canonicalize(
-    _config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: CanonicalizeParams,
 ) -> Result<PathResult, RpcError> {
@@ -42,6 +45,7 @@ pub(crate) async fn handle_canonicalize(
         path: host_path(&params.path)?,
     };
     let canonical = execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -61,9 +65,22 @@ pub(crate) struct GetMetadata {
 
 impl FsOperation for GetMetadata {
     type Output = Metadata;
+    const METHOD: &'static str = exec_server_core::proto::fs::GET_METADATA;
 
     fn run(self) -> Result<Metadata, RpcError> {
         metadata(&self.path, self.follow_symlinks).or_rpc()
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({"path": helper_path(&self.path), "followSymlinks": self.follow_symlinks, "sandbox": null})
+    }
+
+    fn output_to_wire(output: Metadata) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&output)
+    }
+
+    fn output_from_wire(&self, response: &RawValue) -> Result<Metadata, RpcError> {
+        from_wire(response)
     }
 }
 
@@ -75,9 +92,25 @@ pub(crate) struct Canonicalize {
 
 impl FsOperation for Canonicalize {
     type Output = PathBuf;
+    const METHOD: &'static str = exec_server_core::proto::fs::CANONICALIZE;
 
     fn run(self) -> Result<PathBuf, RpcError> {
         fs::canonicalize(&self.path).or_rpc()
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({"path": helper_path(&self.path), "sandbox": null})
+    }
+
+    fn output_to_wire(output: PathBuf) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&PathResult {
+            path: to_file_uri(&output),
+        })
+    }
+
+    fn output_from_wire(&self, response: &RawValue) -> Result<PathBuf, RpcError> {
+        let result: PathResult = from_wire(response)?;
+        parse_path(&result.path).map_err(|e| RpcError::fs_helper_message(e.reason()))
     }
 }
 

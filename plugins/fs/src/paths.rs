@@ -15,3 +15,13 @@ pub(crate) fn host_path(value: &str) -> Result<PathBuf, RpcError> {
 pub(crate) fn native(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
+
+/// A host path in a helper request (SANDBOX.md §4.4). Native text when it is UTF-8, so
+/// that `..` keeps the kernel's meaning (a `file:` URI would drop dot segments lexically);
+/// a `file:` URI otherwise, which is byte-exact.
+pub(crate) fn helper_path(path: &Path) -> String {
+    match path.to_str() {
+        Some(text) => text.to_owned(),
+        None => exec_server_core::proto::path::to_file_uri(path),
+    }
+}

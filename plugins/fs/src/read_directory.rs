@@ -7,14 +7,16 @@ use std::sync::Arc;
 use exec_server_core::proto::fs::{DirectoryEntry, ReadDirectoryParams, ReadDirectoryResult};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
-use crate::config::FsConfig;
-use crate::paths::host_path;
-use crate::routing::{execute, FsOperation};
+use crate::paths::{helper_path, host_path};
+use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
-    config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: ReadDirectoryParams,
 ) -> Result<ReadDirectoryResult, RpcError> {
@@ -23,6 +25,7 @@ pub(crate) async fn handle(
         limit: config.max_directory_entries,
     };
     let entries = execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -41,9 +44,41 @@ pub(crate) struct ReadDirectory {
 
 impl FsOperation for ReadDirectory {
     type Output = Vec<DirectoryEntry>;
+    const METHOD: &'static str = exec_server_core::proto::fs::READ_DIRECTORY;
 
     fn run(self) -> Result<Vec<DirectoryEntry>, RpcError> {
         read_directory(&self.path, self.limit)
+    }
+
+    /// Links whose target the policy hides are left out, like inaccessible links.
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<Vec<DirectoryEntry>, RpcError> {
+        let mut entries = read_directory(&self.path, self.limit)?;
+        entries.retain(|entry| {
+            let path = self.path.join(&entry.file_name);
+            let is_link = fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+            !is_link || policy.allows(&resolve(&path, true), AccessKind::Read)
+        });
+        Ok(entries)
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({"path": helper_path(&self.path), "sandbox": null})
+    }
+
+    fn output_to_wire(entries: Vec<DirectoryEntry>) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&ReadDirectoryResult { entries })
+    }
+
+    /// The helper lists up to the default limit; the server's own limit applies here.
+    fn output_from_wire(&self, response: &RawValue) -> Result<Vec<DirectoryEntry>, RpcError> {
+        let result: ReadDirectoryResult = from_wire(response)?;
+        if result.entries.len() > self.limit {
+            return Err(RpcError::too_many_directory_entries(
+                self.limit + 1,
+                self.limit,
+            ));
+        }
+        Ok(result.entries)
     }
 }
 

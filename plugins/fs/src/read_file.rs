@@ -8,16 +8,17 @@ use std::sync::Arc;
 use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
-use crate::config::FsConfig;
 use crate::nonblocking;
-use crate::paths::{host_path, native};
+use crate::paths::{helper_path, host_path, native};
 use crate::payload::Base64Bytes;
-use crate::routing::{execute, FsOperation};
+use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
-    config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: ReadFileParams,
 ) -> Result<ReadFileResult<Base64Bytes>, RpcError> {
@@ -27,6 +28,7 @@ pub(crate) async fn handle(
         limit: config.max_read_file_bytes,
     };
     let data = execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -48,9 +50,31 @@ pub(crate) struct ReadFile {
 
 impl FsOperation for ReadFile {
     type Output = Vec<u8>;
+    const METHOD: &'static str = exec_server_core::proto::fs::READ_FILE;
 
     fn run(self) -> Result<Vec<u8>, RpcError> {
         read_file(&self.path, self.follow_symlinks, self.limit)
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({"path": helper_path(&self.path), "followSymlinks": self.follow_symlinks, "sandbox": null})
+    }
+
+    fn output_to_wire(output: Vec<u8>) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&ReadFileResult {
+            data_base64: Base64Bytes(output),
+        })
+    }
+
+    /// The helper reads up to the default limit; the server's own limit applies here.
+    fn output_from_wire(&self, response: &RawValue) -> Result<Vec<u8>, RpcError> {
+        let result: ReadFileResult = from_wire(response)?;
+        let data = exec_server_core::proto::bytes::decode_base64(&result.data_base64)
+            .map_err(RpcError::fs_helper_message)?;
+        if data.len() as u64 > self.limit {
+            return Err(RpcError::file_too_large(self.limit));
+        }
+        Ok(data)
     }
 }
 

@@ -9,14 +9,15 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::RemoveParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
-use crate::config::FsConfig;
-use crate::paths::host_path;
-use crate::routing::{execute, FsOperation};
+use crate::paths::{helper_path, host_path};
+use crate::routing::{execute, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
-    _config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: RemoveParams,
 ) -> Result<Empty, RpcError> {
@@ -27,6 +28,7 @@ pub(crate) async fn handle(
         force: params.force.unwrap_or(true),
     };
     execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -45,9 +47,27 @@ pub(crate) struct Remove {
 
 impl FsOperation for Remove {
     type Output = ();
+    const METHOD: &'static str = exec_server_core::proto::fs::REMOVE;
 
     fn run(self) -> Result<(), RpcError> {
         remove(&self.path, self.recursive, self.force).or_rpc()
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({
+            "path": helper_path(&self.path),
+            "recursive": self.recursive,
+            "force": self.force,
+            "sandbox": null,
+        })
+    }
+
+    fn output_to_wire((): ()) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&Empty {})
+    }
+
+    fn output_from_wire(&self, _response: &RawValue) -> Result<(), RpcError> {
+        Ok(())
     }
 }
 

@@ -1,55 +1,116 @@
-//! Where an `fs/*` operation runs, decided from its `sandbox` member (PROTOCOL §5.2.2).
+//! Where an `fs/*` operation runs, decided from its `sandbox` member (PROTOCOL §5.2.2,
+//! SANDBOX.md §3.1).
 //!
 //! Every one-shot method hands its decoded and validated operation to [`execute`], and
-//! `fs/open` asks [`check_streaming`]; nothing else interprets `sandbox`. Running enforced
-//! operations in the sandbox helper therefore changes [`execute`] alone.
+//! `fs/open` asks [`check_streaming`]; nothing else interprets `sandbox`. An operation
+//! that needs no enforcement runs here on the blocking pool; one that does runs in an fs
+//! helper (see `helper`), which executes the very same [`FsOperation::run`].
+
+use std::ops::Deref;
 
 use exec_server_core::proto::RpcError;
-use exec_server_sandbox::policy::decide_fs;
+use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
+use exec_server_sandbox::SandboxRuntime;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::blocking;
+use crate::config::FsConfig;
+
+/// The plugin's state: its limits and the sandbox it routes enforced requests to.
+#[derive(Debug)]
+pub(crate) struct FsState {
+    pub(crate) config: FsConfig,
+    pub(crate) sandbox: SandboxRuntime,
+}
+
+impl Deref for FsState {
+    type Target = FsConfig;
+
+    fn deref(&self) -> &FsConfig {
+        &self.config
+    }
+}
 
 /// One filesystem operation with host paths and every default applied: exactly what runs,
-/// in the server or elsewhere.
+/// in the server or in the fs helper.
 pub(crate) trait FsOperation: Send + 'static {
     type Output: Send + 'static;
 
+    /// The method, which is also the helper's `operation` (SANDBOX.md §4.4).
+    const METHOD: &'static str;
+
     /// Runs the operation synchronously on the calling thread.
     fn run(self) -> Result<Self::Output, RpcError>;
+
+    /// Runs the operation inside the fs helper, after its targets passed the checks;
+    /// listing operations override it to leave out what `policy` hides (SANDBOX.md §5.6).
+    fn run_confined(self, _policy: &SandboxPolicy) -> Result<Self::Output, RpcError>
+    where
+        Self: Sized,
+    {
+        self.run()
+    }
+
+    /// The helper request's params: canonical `file:` URIs, every default explicit and
+    /// `"sandbox": null` (§4.4).
+    fn helper_params(&self) -> Value;
+
+    /// The method's result object for `output` (what the helper answers).
+    fn output_to_wire(output: Self::Output) -> Result<Box<RawValue>, RpcError>;
+
+    /// `output_to_wire` reversed, on the server; may apply the server's own limits.
+    fn output_from_wire(&self, response: &RawValue) -> Result<Self::Output, RpcError>;
+}
+
+/// Serialises a result object.
+pub(crate) fn to_wire(value: &impl Serialize) -> Result<Box<RawValue>, RpcError> {
+    serde_json::value::to_raw_value(value).map_err(RpcError::fs_helper_message)
+}
+
+/// Decodes a helper's result object.
+pub(crate) fn from_wire<T: DeserializeOwned>(response: &RawValue) -> Result<T, RpcError> {
+    serde_json::from_str(response.get()).map_err(RpcError::fs_helper_message)
 }
 
 /// Runs `operation` as its `sandbox` (and legacy top-level `sandboxPolicy`) demands:
 /// directly, on the blocking pool, when the policy does not restrict the file system;
-/// otherwise it fails closed, because this executor cannot enforce a policy yet.
+/// otherwise in an fs helper that enforces the policy, or not at all when it cannot be
+/// enforced.
 pub(crate) async fn execute<O: FsOperation>(
+    sandbox_runtime: &SandboxRuntime,
     operation: O,
     sandbox: Option<&Value>,
     top_level_policy: Option<&Value>,
 ) -> Result<O::Output, RpcError> {
-    if needs_enforcement(sandbox, top_level_policy)? {
-        return Err(RpcError::fs_sandbox_unenforceable());
+    match sandbox_runtime.decide_fs(sandbox, top_level_policy)? {
+        SandboxDecision::Unsandboxed => blocking::run(move || operation.run()).await,
+        SandboxDecision::Enforce(policy) => {
+            let params = to_wire(&operation.helper_params())?;
+            let response = sandbox_runtime
+                .run_fs_helper(O::METHOD, params, &policy)
+                .await?;
+            operation.output_from_wire(&response)
+        }
     }
-    blocking::run(move || operation.run()).await
 }
 
 /// Check 4 of `fs/open` (§5.14): a handle outlives any helper that could enforce a
 /// policy, so a policy that needs enforcement is refused.
 pub(crate) fn check_streaming(
+    sandbox_runtime: &SandboxRuntime,
     sandbox: Option<&Value>,
     top_level_policy: Option<&Value>,
 ) -> Result<(), RpcError> {
-    if needs_enforcement(sandbox, top_level_policy)? {
+    if sandbox_runtime
+        .decide_fs(sandbox, top_level_policy)?
+        .needs_enforcement()
+    {
         return Err(RpcError::sandboxed_streaming_refused());
     }
     Ok(())
-}
-
-fn needs_enforcement(
-    sandbox: Option<&Value>,
-    top_level_policy: Option<&Value>,
-) -> Result<bool, RpcError> {
-    Ok(decide_fs(sandbox, top_level_policy)?.needs_enforcement())
 }
 
 #[cfg(test)]
@@ -57,6 +118,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    use exec_server_sandbox::SandboxConfig;
     use serde_json::json;
 
     use super::*;
@@ -66,16 +128,35 @@ mod tests {
 
     impl FsOperation for Probe {
         type Output = ();
+        const METHOD: &'static str = "fs/writeFile";
 
         fn run(self) -> Result<(), RpcError> {
             self.0.store(true, Ordering::SeqCst);
             Ok(())
         }
+
+        fn helper_params(&self) -> Value {
+            json!({"path": "/nonexistent/x", "dataBase64": "", "sandbox": null})
+        }
+
+        fn output_to_wire((): ()) -> Result<Box<RawValue>, RpcError> {
+            to_wire(&json!({}))
+        }
+
+        fn output_from_wire(&self, _response: &RawValue) -> Result<(), RpcError> {
+            Ok(())
+        }
+    }
+
+    /// A runtime whose helper program does not exist: enforced requests never run here.
+    fn runtime() -> SandboxRuntime {
+        SandboxRuntime::new(SandboxConfig::default(), 1024)
+            .with_helper_executable("/nonexistent/exec-server")
     }
 
     async fn runs(sandbox: Option<&Value>, top_level: Option<&Value>) -> Result<bool, RpcError> {
         let ran = Arc::new(AtomicBool::new(false));
-        execute(Probe(Arc::clone(&ran)), sandbox, top_level).await?;
+        execute(&runtime(), Probe(Arc::clone(&ran)), sandbox, top_level).await?;
         Ok(ran.load(Ordering::SeqCst))
     }
 
@@ -88,27 +169,35 @@ mod tests {
             json!({"sandboxPolicy": {"type": "danger-full-access"}}),
         ] {
             assert_eq!(runs(Some(&sandbox), None).await, Ok(true), "{sandbox}");
-            assert_eq!(check_streaming(Some(&sandbox), None), Ok(()), "{sandbox}");
+            assert_eq!(
+                check_streaming(&runtime(), Some(&sandbox), None),
+                Ok(()),
+                "{sandbox}"
+            );
         }
         assert_eq!(runs(None, None).await, Ok(true));
         assert_eq!(runs(Some(&Value::Null), None).await, Ok(true));
     }
 
     #[tokio::test]
-    async fn enforcing_policies_fail_closed_without_running() {
+    async fn enforcing_policies_never_run_in_the_server() {
         let restricted =
             json!({"permissions": {"type": "managed", "file_system": {"type": "restricted"}}});
         let workspace = json!({"type": "workspace-write"});
+        for (sandbox, top_level) in [(Some(&restricted), None), (None, Some(&workspace))] {
+            let error = runs(sandbox, top_level).await.unwrap_err();
+            // The helper program is missing: the policy cannot be prepared or the helper
+            // cannot be spawned; either way nothing ran here.
+            assert!(
+                error.message.starts_with("failed to prepare fs sandbox")
+                    || error
+                        .message
+                        .starts_with("failed to spawn fs sandbox helper"),
+                "{error:?}"
+            );
+        }
         assert_eq!(
-            runs(Some(&restricted), None).await,
-            Err(RpcError::fs_sandbox_unenforceable())
-        );
-        assert_eq!(
-            runs(None, Some(&workspace)).await,
-            Err(RpcError::fs_sandbox_unenforceable())
-        );
-        assert_eq!(
-            check_streaming(Some(&restricted), None),
+            check_streaming(&runtime(), None, Some(&workspace)),
             Err(RpcError::sandboxed_streaming_refused())
         );
     }
@@ -118,7 +207,9 @@ mod tests {
         let error = runs(Some(&json!({})), None).await.unwrap_err();
         assert_eq!(error.code, -32602);
         assert_eq!(
-            check_streaming(Some(&json!({})), None).unwrap_err().code,
+            check_streaming(&runtime(), Some(&json!({})), None)
+                .unwrap_err()
+                .code,
             -32602
         );
     }

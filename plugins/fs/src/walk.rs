@@ -18,14 +18,16 @@ use exec_server_core::proto::fs::{
 use exec_server_core::proto::path::to_file_uri;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
 use crate::config::FsConfig;
-use crate::paths::host_path;
-use crate::routing::{execute, FsOperation};
+use crate::paths::{helper_path, host_path};
+use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
-    config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: WalkParams,
 ) -> Result<WalkResult, RpcError> {
@@ -37,6 +39,7 @@ pub(crate) async fn handle(
         budget_bytes: config.walk_response_budget_bytes,
     };
     execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -55,9 +58,30 @@ pub(crate) struct Walk {
 
 impl FsOperation for Walk {
     type Output = WalkResult;
+    const METHOD: &'static str = exec_server_core::proto::fs::WALK;
 
     fn run(self) -> Result<WalkResult, RpcError> {
         walk(&self.root, &self.options, self.budget_bytes)
+    }
+
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<WalkResult, RpcError> {
+        walk_confined(&self.root, &self.options, self.budget_bytes, Some(policy))
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        serde_json::json!({
+            "path": helper_path(&self.root),
+            "options": self.options,
+            "sandbox": null,
+        })
+    }
+
+    fn output_to_wire(output: WalkResult) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&output)
+    }
+
+    fn output_from_wire(&self, response: &RawValue) -> Result<WalkResult, RpcError> {
+        from_wire(response)
     }
 }
 
@@ -87,6 +111,18 @@ pub(crate) fn walk(
     options: &WalkOptions,
     budget_bytes: usize,
 ) -> Result<WalkResult, RpcError> {
+    walk_confined(root, options, budget_bytes, None)
+}
+
+/// [`walk`] under a sandbox policy (SANDBOX.md §5.6): a directory the policy does not let
+/// us read is listed but not entered, with an `errors` item carrying the denial; a link
+/// whose target it hides is left out.
+pub(crate) fn walk_confined(
+    root: &Path,
+    options: &WalkOptions,
+    budget_bytes: usize,
+    policy: Option<&SandboxPolicy>,
+) -> Result<WalkResult, RpcError> {
     let follow = options.follow_directory_symlinks;
     if !fs::metadata(root).or_rpc()?.is_dir() {
         return Ok(WalkResult::default());
@@ -102,6 +138,7 @@ pub(crate) fn walk(
     let root_identity = identity(root, follow).or_rpc()?;
     let mut walk = Walker {
         options,
+        policy,
         budget_limit: budget_bytes,
         budget_used: 0,
         entry_count: 0,
@@ -125,6 +162,8 @@ enum Flow {
 /// answer so far.
 struct Walker<'a> {
     options: &'a WalkOptions,
+    /// The sandbox policy inside the fs helper.
+    policy: Option<&'a SandboxPolicy>,
     budget_limit: usize,
     budget_used: usize,
     entry_count: usize,
@@ -174,6 +213,10 @@ impl Walker<'_> {
         if is_link && (!follow || !target.is_dir()) {
             return Flow::Continue;
         }
+        if is_link && !self.readable(&path) {
+            // Its target's kind is not revealed.
+            return Flow::Continue;
+        }
         let kind = if target.is_dir() {
             WalkEntryKind::Directory
         } else if target.is_file() {
@@ -201,6 +244,11 @@ impl Walker<'_> {
         if !self.visited.insert(id) {
             return Flow::Continue;
         }
+        if !self.readable(&path) {
+            let resolved = resolve(&path, true);
+            let denial = RpcError::sandbox_read_denied(&resolved.to_string_lossy());
+            return self.record_message(&path, denial.message);
+        }
         if self.directory_count == self.options.max_directories {
             self.result.truncated = true;
         } else {
@@ -210,10 +258,19 @@ impl Walker<'_> {
         Flow::Continue
     }
 
+    /// Whether the policy (if any) lets the walk read what `path` resolves to.
+    fn readable(&self, path: &Path) -> bool {
+        self.policy
+            .is_none_or(|policy| policy.allows(&resolve(path, true), AccessKind::Read))
+    }
+
     /// Adds an error record if the budget allows (§5.11 step 5).
     fn record_error(&mut self, path: &Path, error: &io::Error) -> Flow {
+        self.record_message(path, io_error_text(error))
+    }
+
+    fn record_message(&mut self, path: &Path, message: String) -> Flow {
         let path = to_file_uri(path);
-        let message = io_error_text(error);
         if self.charge(path.len().saturating_add(message.len())) == Flow::Stop {
             return Flow::Stop;
         }

@@ -9,15 +9,16 @@ use exec_server_core::proto::bytes::{decode_base64, Empty};
 use exec_server_core::proto::fs::WriteFileParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
-use crate::config::FsConfig;
 use crate::nonblocking;
-use crate::paths::{host_path, native};
-use crate::routing::{execute, FsOperation};
+use crate::paths::{helper_path, host_path, native};
+use crate::routing::{execute, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
-    _config: Arc<FsConfig>,
+    config: Arc<FsState>,
     _cx: Call,
     params: WriteFileParams,
 ) -> Result<Empty, RpcError> {
@@ -32,6 +33,7 @@ pub(crate) async fn handle(
         follow_symlinks: params.follow_symlinks.unwrap_or(true),
     };
     execute(
+        &config.sandbox,
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -50,9 +52,27 @@ pub(crate) struct WriteFile {
 
 impl FsOperation for WriteFile {
     type Output = ();
+    const METHOD: &'static str = exec_server_core::proto::fs::WRITE_FILE;
 
     fn run(self) -> Result<(), RpcError> {
         write_file(&self.path, &self.data, self.follow_symlinks)
+    }
+
+    fn helper_params(&self) -> serde_json::Value {
+        json!({
+            "path": helper_path(&self.path),
+            "dataBase64": exec_server_core::proto::bytes::Base64(&self.data),
+            "followSymlinks": self.follow_symlinks,
+            "sandbox": null,
+        })
+    }
+
+    fn output_to_wire((): ()) -> Result<Box<RawValue>, RpcError> {
+        to_wire(&Empty {})
+    }
+
+    fn output_from_wire(&self, _response: &RawValue) -> Result<(), RpcError> {
+        Ok(())
     }
 }
 

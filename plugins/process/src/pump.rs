@@ -74,6 +74,9 @@ pub(crate) struct Pump {
     pub chunk_bytes: usize,
     pub closed_retention: Duration,
     pub buffer: BytesMut,
+    /// For a process confined by the sandbox: how long output may still arrive after its
+    /// exit before `sandboxDenied` is computed (`sandbox.exit_output_grace_ms`).
+    pub sandboxed_grace: Option<Duration>,
 }
 
 /// Counts one running process in `/metrics` while it lives.
@@ -191,6 +194,27 @@ impl Pump {
                 -1
             }
         };
+        self.drain().await;
+        let (seq, sandbox_denied) = match self.sandboxed_grace {
+            Some(grace) => {
+                tokio::time::sleep(grace).await;
+                self.drain().await;
+                self.process.record(|log| log.record_sandboxed_exit(code))
+            }
+            None => (self.process.record(|log| log.record_exit(code)), false),
+        };
+        let exited = ExitedNotification {
+            process_id: self.process.id.clone(),
+            seq,
+            exit_code: code,
+            sandbox_denied,
+        };
+        self.notify(EXITED, &exited).await;
+        true
+    }
+
+    /// Reads what the child left in its streams, a bounded number of reads per stream.
+    async fn drain(&mut self) {
         for which in [Which::Primary, Which::Secondary] {
             for _ in 0..DRAIN_READS {
                 match self.read_once(which).await {
@@ -203,15 +227,6 @@ impl Pump {
                 }
             }
         }
-        let seq = self.process.record(|log| log.record_exit(code));
-        let exited = ExitedNotification {
-            process_id: self.process.id.clone(),
-            seq,
-            exit_code: code,
-            sandbox_denied: false,
-        };
-        self.notify(EXITED, &exited).await;
-        true
     }
 
     fn source_mut(&mut self, which: Which) -> &mut Option<OutputSource> {

@@ -83,6 +83,6 @@ fn into_result(snapshot: Snapshot) -> ReadResult<WireBytes> {
         exit_code: snapshot.exit_code,
         closed: snapshot.closed,
         failure: None,
-        sandbox_denied: false,
+        sandbox_denied: snapshot.sandbox_denied,
     }
 }

@@ -86,6 +86,8 @@ pub(crate) struct EventLog {
     /// The next unused `seq`.
     next_seq: u64,
     exit_code: Option<i32>,
+    /// The sandbox classification of the exit (SANDBOX.md §8.5), fixed when it is recorded.
+    sandbox_denied: bool,
     closed: bool,
 }
 
@@ -95,6 +97,7 @@ pub(crate) struct Snapshot {
     pub chunks: Vec<Chunk>,
     pub next_seq: u64,
     pub exit_code: Option<i32>,
+    pub sandbox_denied: bool,
     pub closed: bool,
 }
 
@@ -113,6 +116,7 @@ impl EventLog {
             output: RetainedOutput::new(limits),
             next_seq: 1,
             exit_code: None,
+            sandbox_denied: false,
             closed: false,
         }
     }
@@ -136,6 +140,19 @@ impl EventLog {
         debug_assert!(self.exit_code.is_none());
         self.exit_code = Some(exit_code);
         self.take_seq()
+    }
+
+    /// Records a sandboxed exit, classified over the retained output of every stream in
+    /// `seq` order (SANDBOX.md §8.5); returns its `seq` and the classification.
+    pub fn record_sandboxed_exit(&mut self, exit_code: i32) -> (u64, bool) {
+        let output: Vec<u8> = self
+            .output
+            .select(0, None)
+            .iter()
+            .flat_map(|c| c.data.iter().copied())
+            .collect();
+        self.sandbox_denied = exec_server_sandbox::denial::sandbox_denied(true, exit_code, &output);
+        (self.record_exit(exit_code), self.sandbox_denied)
     }
 
     /// Records the close, always the last event; returns its `seq`.
@@ -164,6 +181,7 @@ impl EventLog {
             chunks,
             next_seq,
             exit_code: self.exit_code,
+            sandbox_denied: self.sandbox_denied,
             closed: self.closed,
         }
     }

@@ -3,7 +3,7 @@
 
 use std::ffi::{CString, OsString};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +20,12 @@ use exec_server_core::Call;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use exec_server_sandbox::exec::exchange::{exchange, ControlSocket, LaunchOutcome};
+use exec_server_sandbox::exec::{resolve_program, LaunchReport, LaunchRequest, SANDBOX_EXEC_ARG1};
+use exec_server_sandbox::fs_helper::runner::ENV_ALLOW_LIST;
+use exec_server_sandbox::narrow::NarrowingOutcome;
+use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
+
 use crate::managed::{ManagedProcess, StdinMode};
 use crate::pump::{reap, OutputSource, Pump};
 use crate::spawn::{ChildStdio, Command, Spawner};
@@ -33,12 +39,13 @@ pub(crate) async fn start(
     cx: Call,
     params: StartParams,
 ) -> Result<StartResult, RpcError> {
-    let (cwd, size) = validate(&params)?;
+    let (cwd, size, decision) = validate(&plugin, &params)?;
     let table = crate::table(&cx);
     let reservation = table.reserve(&params.process_id)?;
 
-    let prepared = prepare(&plugin, &params, &cwd, size)
+    let mut prepared = prepare(&plugin, &params, &cwd, size, decision.policy())
         .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
+    let launch = prepared.launch.take();
     let spawner = Spawner::global().map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
     let spawned = tokio::select! {
         biased;
@@ -58,6 +65,31 @@ pub(crate) async fn start(
             tokio::task::spawn_blocking(move || sys::wait_blocking(&pidfd));
             return Err(RpcError::spawn_failed(io_error_text(&error)));
         }
+    };
+
+    let sandbox_type = match launch {
+        None => SandboxType::None,
+        Some(launch) => match confine(&plugin, launch, pid, &pidfd).await {
+            Ok(report) => {
+                if report.narrowing == NarrowingOutcome::Skipped {
+                    if let Some(policy) = decision.policy() {
+                        if !policy.read_only.is_empty() || !policy.denied_paths.is_empty() {
+                            tracing::warn!(
+                                process = %params.process_id,
+                                pid,
+                                "mount narrowing skipped: carve-outs and deny entries are not enforced for this process"
+                            );
+                        }
+                    }
+                }
+                if report.is_enforced() {
+                    SandboxType::LinuxSeccomp
+                } else {
+                    SandboxType::None
+                }
+            }
+            Err(error) => return Err(error),
+        },
     };
 
     let config = &plugin.config;
@@ -86,16 +118,82 @@ pub(crate) async fn start(
         chunk_bytes: config.output_chunk_bytes,
         closed_retention: Duration::from_millis(config.closed_retention_ms),
         buffer: BytesMut::new(),
+        sandboxed_grace: (sandbox_type == SandboxType::LinuxSeccomp)
+            .then(|| Duration::from_millis(plugin.sandbox.config().exit_output_grace_ms)),
     };
     tokio::spawn(pump.run());
     Ok(StartResult {
         process_id: params.process_id,
-        sandbox_type: SandboxType::None,
+        sandbox_type,
     })
 }
 
-/// Rows 2–9 of §4.2.3, in order. Returns the working directory and the terminal size.
-fn validate(params: &StartParams) -> Result<(PathBuf, TerminalSize), RpcError> {
+/// The server's half of a sandboxed start (SANDBOX.md §8.2 steps 4–5): the launch line,
+/// then the launcher's report. On failure the launcher is killed if needed and reaped.
+async fn confine(
+    plugin: &ProcessPlugin,
+    launch: Launch,
+    pid: libc::pid_t,
+    pidfd: &AsyncFd<OwnedFd>,
+) -> Result<LaunchReport, RpcError> {
+    let timeout = plugin.sandbox.helper_timeout();
+    let outcome = tokio::task::spawn_blocking(move || {
+        exchange(
+            &launch.control,
+            &launch.request,
+            launch.target_stdin.as_fd(),
+            timeout,
+        )
+    })
+    .await
+    .map_err(RpcError::spawn_failed)?;
+    let reaped = || async { reap_launcher(pidfd).await };
+    match outcome {
+        LaunchOutcome::Started(report) => Ok(report),
+        LaunchOutcome::Failed(error) => {
+            reaped().await;
+            Err(error)
+        }
+        LaunchOutcome::ExitedSilently => {
+            let code = reaped().await;
+            Err(RpcError::launcher_exited(exit_status_text(code)))
+        }
+        LaunchOutcome::TimedOut => {
+            let _ = sys::signal_group(pid, libc::SIGKILL);
+            reaped().await;
+            Err(RpcError::launcher_timed_out(
+                u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            ))
+        }
+    }
+}
+
+/// Waits for the launcher's exit (it exits on its own after a failure).
+async fn reap_launcher(pidfd: &AsyncFd<OwnedFd>) -> i32 {
+    let fd = match pidfd.get_ref().try_clone() {
+        Ok(fd) => fd,
+        Err(_) => return -1,
+    };
+    tokio::task::spawn_blocking(move || sys::wait_blocking(&fd).unwrap_or(-1))
+        .await
+        .unwrap_or(-1)
+}
+
+/// The standard library's wording of an exit status.
+fn exit_status_text(code: i32) -> String {
+    if code > 128 {
+        format!("signal: {}", code - 128)
+    } else {
+        format!("exit status: {code}")
+    }
+}
+
+/// Rows 2–9 of §4.2.3, in order. Returns the working directory, the terminal size and
+/// the sandbox decision.
+fn validate(
+    plugin: &ProcessPlugin,
+    params: &StartParams,
+) -> Result<(PathBuf, TerminalSize, SandboxDecision), RpcError> {
     if params.argv.is_empty() {
         return Err(RpcError::empty_argv());
     }
@@ -115,20 +213,32 @@ fn validate(params: &StartParams) -> Result<(PathBuf, TerminalSize), RpcError> {
     if params.enforce_managed_network == Some(true) {
         return Err(RpcError::unsupported_start_field("enforceManagedNetwork"));
     }
-    let decision = exec_server_sandbox::policy::decide_process(params.sandbox.as_ref(), &cwd)?;
+    let decision = plugin
+        .sandbox
+        .decide_process(params.sandbox.as_ref(), &cwd)?;
     if decision.needs_enforcement() {
-        return Err(RpcError::sandbox_intent_unenforceable());
+        plugin.sandbox.check_process_enforceable()?;
     }
-    Ok((cwd, size))
+    Ok((cwd, size, decision))
 }
 
 /// The spawn request and the server's ends of the child's streams.
 struct Prepared {
     command: Command,
+    /// For a sandboxed start: what to tell the launcher once it runs.
+    launch: Option<Launch>,
     stdin_mode: StdinMode,
     stdin: Option<Arc<AsyncFd<OwnedFd>>>,
     primary: Option<OutputSource>,
     secondary: Option<OutputSource>,
+}
+
+/// A sandboxed start's launch: the server's end of the control socket, the request, and
+/// the descriptor that becomes the target's stdin.
+struct Launch {
+    control: OwnedFd,
+    request: LaunchRequest,
+    target_stdin: OwnedFd,
 }
 
 fn prepare(
@@ -136,6 +246,7 @@ fn prepare(
     params: &StartParams,
     cwd: &Path,
     size: TerminalSize,
+    policy: Option<&SandboxPolicy>,
 ) -> io::Result<Prepared> {
     let vars = environment::child_environment(
         &params.env,
@@ -153,7 +264,8 @@ fn prepare(
         .into_iter()
         .map(c_string)
         .collect::<Result<_, _>>()?;
-    let candidates = candidates
+    let paths = candidates;
+    let candidates = paths
         .iter()
         .map(|p| c_string(p.as_os_str().as_bytes()))
         .collect::<Result<_, _>>()?;
@@ -202,19 +314,120 @@ fn prepare(
             Some(stderr_read),
         )
     };
+    let command = Command {
+        candidates,
+        argv,
+        envp,
+        cwd,
+        stdio,
+    };
+    let (command, launch) = match policy {
+        None => (command, None),
+        Some(policy) => {
+            let (command, launch) =
+                launcher_command(plugin, params, &vars, &paths, policy, command)?;
+            (command, Some(launch))
+        }
+    };
     Ok(Prepared {
-        command: Command {
-            candidates,
-            argv,
-            envp,
-            cwd,
-            stdio,
-        },
+        command,
+        launch,
         stdin_mode,
         stdin,
         primary,
         secondary,
     })
+}
+
+/// Turns the target's spawn request into the launcher's (SANDBOX.md §8.2 steps 1–3): the
+/// program resolved up front, the helper binary with the allow-listed environment, the
+/// control socket as its stdin and the target's stdout/stderr (or terminal) as its own.
+fn launcher_command(
+    plugin: &ProcessPlugin,
+    params: &StartParams,
+    vars: &std::collections::BTreeMap<OsString, OsString>,
+    candidates: &[PathBuf],
+    policy: &SandboxPolicy,
+    target: Command,
+) -> io::Result<(Command, Launch)> {
+    let program = resolve_program(candidates)?;
+    let control = ControlSocket::new()?;
+    let (stdio, target_stdin) = match target.stdio {
+        ChildStdio::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        } => (
+            ChildStdio::Pipes {
+                stdin: sys::above_stdio(control.launcher)?,
+                stdout,
+                stderr,
+            },
+            stdin,
+        ),
+        ChildStdio::Terminal { slave } => (
+            ChildStdio::Pipes {
+                stdin: sys::above_stdio(control.launcher)?,
+                stdout: slave.try_clone()?,
+                stderr: slave.try_clone()?,
+            },
+            slave,
+        ),
+    };
+    let sandbox = &plugin.sandbox;
+    let mut argv = params.argv.clone();
+    if let Some(arg0) = &params.arg0 {
+        argv[0] = arg0.clone();
+    }
+    let env = vars
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    let request = LaunchRequest::new(
+        &program,
+        argv,
+        env,
+        params.tty,
+        sandbox.config().process_narrowing,
+        Some((policy, sandbox.enforcement())),
+    );
+    let launcher_argv = [
+        sandbox.helper_argv0().as_os_str().as_bytes(),
+        SANDBOX_EXEC_ARG1.as_bytes(),
+        b"--max-request-bytes",
+        sandbox.max_request_bytes().to_string().as_bytes(),
+    ]
+    .into_iter()
+    .map(c_string)
+    .collect::<Result<_, _>>()?;
+    let envp = ENV_ALLOW_LIST
+        .iter()
+        .filter_map(|name| std::env::var_os(name).map(|value| (name, value)))
+        .map(|(name, value)| {
+            let mut entry = name.as_bytes().to_vec();
+            entry.push(b'=');
+            entry.extend_from_slice(value.as_bytes());
+            c_string(entry)
+        })
+        .collect::<Result<_, _>>()?;
+    let command = Command {
+        candidates: vec![c_string(sandbox.helper_program().as_os_str().as_bytes())?],
+        argv: launcher_argv,
+        envp,
+        cwd: target.cwd,
+        stdio,
+    };
+    let launch = Launch {
+        control: control.server,
+        request,
+        target_stdin,
+    };
+    Ok((command, launch))
 }
 
 /// A pipe for one output stream: the child's write end and the server's registered reader.

@@ -1,0 +1,274 @@
+//! The `[sandbox]` configuration table (SANDBOX.md §6.3) and the config-only `sandbox`
+//! plugin that makes the table known to the server.
+//!
+//! The plugin answers no methods: it exists so that the table is decoded and validated at
+//! start-up (an invalid value stops the server), printed by `exec-server config`, and so
+//! that its `install` can apply the server-side settings (§5.8) and log the probe (§6.2).
+//! The `fs` and `process` plugins read the same table for their helpers.
+
+use std::path::PathBuf;
+
+use exec_server_core::config::{ConfigError, ConfigSource};
+use exec_server_core::{Install, InstallError, Plugin};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::enforce;
+use crate::policy::Enforcement;
+
+/// The table's name.
+pub const TABLE: &str = "sandbox";
+
+/// Smallest accepted `helper_max_response_bytes`.
+const MIN_RESPONSE_BYTES: u64 = 1024 * 1024;
+
+/// How processes get carve-outs and deny entries (§8.4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProcessNarrowing {
+    #[default]
+    MountNamespace,
+    Skip,
+}
+
+/// Effective `[sandbox]` settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxConfig {
+    /// `require` fails closed when a layer cannot be applied; `best-effort` applies what
+    /// works (§6.1).
+    pub enforcement: Enforcement,
+    /// Wall-clock limit of one fs helper, and of the launcher's set-up phase.
+    pub helper_timeout_ms: u64,
+    /// Cap on the fs helper's stdout.
+    pub helper_max_response_bytes: u64,
+    /// fs helpers running at once per server (§3.2).
+    pub max_concurrent_helpers: usize,
+    /// The binary spawned for helpers; `None`: `/proc/self/exe`.
+    pub helper_executable: Option<PathBuf>,
+    pub process_narrowing: ProcessNarrowing,
+    /// `prctl(PR_SET_DUMPABLE, 0)` at start-up (§5.8).
+    pub server_non_dumpable: bool,
+    /// How long output may still arrive after a sandboxed process exits.
+    pub exit_output_grace_ms: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            enforcement: Enforcement::Require,
+            helper_timeout_ms: 30_000,
+            helper_max_response_bytes: 805_306_368,
+            max_concurrent_helpers: 16,
+            helper_executable: None,
+            process_narrowing: ProcessNarrowing::MountNamespace,
+            server_non_dumpable: true,
+            exit_output_grace_ms: 20,
+        }
+    }
+}
+
+/// The table as written, before validation: enumerations are strings so that a wrong
+/// value gets the `must be …` message of §6.3 rather than a decoder error.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct SandboxTable {
+    enforcement: String,
+    helper_timeout_ms: u64,
+    helper_max_response_bytes: u64,
+    max_concurrent_helpers: usize,
+    helper_executable: Option<PathBuf>,
+    process_narrowing: String,
+    server_non_dumpable: bool,
+    exit_output_grace_ms: u64,
+}
+
+impl Default for SandboxTable {
+    fn default() -> Self {
+        let d = SandboxConfig::default();
+        Self {
+            enforcement: "require".to_owned(),
+            helper_timeout_ms: d.helper_timeout_ms,
+            helper_max_response_bytes: d.helper_max_response_bytes,
+            max_concurrent_helpers: d.max_concurrent_helpers,
+            helper_executable: None,
+            process_narrowing: "mount-namespace".to_owned(),
+            server_non_dumpable: d.server_non_dumpable,
+            exit_output_grace_ms: d.exit_output_grace_ms,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// Decodes and validates the `[sandbox]` table of `source`.
+    pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
+        let table: SandboxTable = source.section(TABLE)?;
+        let key = |name: &str| format!("{TABLE}.{name}");
+        let enforcement = match table.enforcement.as_str() {
+            "require" => Enforcement::Require,
+            "best-effort" => Enforcement::BestEffort,
+            other => {
+                return Err(source.invalid(
+                    &key("enforcement"),
+                    format!(r#"must be "require" or "best-effort", got "{other}""#),
+                ))
+            }
+        };
+        let process_narrowing = match table.process_narrowing.as_str() {
+            "mount-namespace" => ProcessNarrowing::MountNamespace,
+            "skip" => ProcessNarrowing::Skip,
+            other => {
+                return Err(source.invalid(
+                    &key("process_narrowing"),
+                    format!(r#"must be "mount-namespace" or "skip", got "{other}""#),
+                ))
+            }
+        };
+        if table.helper_timeout_ms == 0 {
+            return Err(source.invalid(&key("helper_timeout_ms"), "must be at least 1, got 0"));
+        }
+        if table.helper_max_response_bytes < MIN_RESPONSE_BYTES {
+            return Err(source.invalid(
+                &key("helper_max_response_bytes"),
+                format!(
+                    "must be at least {MIN_RESPONSE_BYTES}, got {}",
+                    table.helper_max_response_bytes
+                ),
+            ));
+        }
+        if table.max_concurrent_helpers == 0 {
+            return Err(source.invalid(&key("max_concurrent_helpers"), "must be at least 1, got 0"));
+        }
+        if let Some(path) = table
+            .helper_executable
+            .as_ref()
+            .filter(|p| !p.is_absolute())
+        {
+            return Err(source.invalid(
+                &key("helper_executable"),
+                format!(
+                    "must be an absolute path, got {:?}",
+                    path.display().to_string()
+                ),
+            ));
+        }
+        Ok(Self {
+            enforcement,
+            helper_timeout_ms: table.helper_timeout_ms,
+            helper_max_response_bytes: table.helper_max_response_bytes,
+            max_concurrent_helpers: table.max_concurrent_helpers,
+            helper_executable: table.helper_executable,
+            process_narrowing,
+            server_non_dumpable: table.server_non_dumpable,
+            exit_output_grace_ms: table.exit_output_grace_ms,
+        })
+    }
+}
+
+/// The plugin's `config` function: the effective table, validated.
+fn effective_section(source: &ConfigSource, _table: &str) -> Result<Value, ConfigError> {
+    let config = SandboxConfig::from_source(source)?;
+    Ok(serde_json::to_value(config).expect("the sandbox table serialises"))
+}
+
+fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
+    let config = SandboxConfig::from_source(install.config_source())?;
+    if config.server_non_dumpable {
+        set_non_dumpable();
+    }
+    let missing = enforce::probe_missing();
+    if !missing.is_empty() {
+        match config.enforcement {
+            Enforcement::Require => tracing::warn!(
+                "sandboxed requests will be refused: this host cannot enforce {}",
+                missing.join(", ")
+            ),
+            Enforcement::BestEffort => tracing::warn!(
+                "sandbox enforcement is best-effort: this host cannot enforce {}",
+                missing.join(", ")
+            ),
+        }
+    }
+    crate::helpers::check_registered();
+    Ok(())
+}
+
+/// §5.8: hides the server's memory and `/proc/<pid>/environ` from workloads of the same
+/// (non-root) user.
+fn set_non_dumpable() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_DUMPABLE takes integer arguments only.
+        let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        if rc != 0 {
+            tracing::warn!(
+                "could not mark the server non-dumpable: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+exec_server_core::inventory::submit! {
+    Plugin {
+        name: TABLE,
+        summary: "sandbox settings for fs helpers and sandboxed processes (no methods)",
+        methods: &[],
+        config: Some(effective_section),
+        install,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_values() {
+        let config = SandboxConfig::from_source(&ConfigSource::from_toml_str("")).unwrap();
+        assert_eq!(config, SandboxConfig::default());
+        assert_eq!(config.helper_timeout_ms, 30_000);
+        assert_eq!(config.helper_max_response_bytes, 805_306_368);
+        assert_eq!(config.max_concurrent_helpers, 16);
+        assert_eq!(config.exit_output_grace_ms, 20);
+        assert_eq!(config.enforcement, Enforcement::Require);
+    }
+
+    #[test]
+    fn values_are_validated_with_the_documented_messages() {
+        let source = ConfigSource::from_toml_str("[sandbox]\nenforcement = \"strict\"\n");
+        let error = SandboxConfig::from_source(&source).unwrap_err();
+        assert!(
+            error.0.starts_with(
+                r#"invalid config: sandbox.enforcement must be "require" or "best-effort", got "strict""#
+            ),
+            "{error}"
+        );
+        for (toml, key) in [
+            ("helper_timeout_ms = 0", "sandbox.helper_timeout_ms"),
+            (
+                "helper_max_response_bytes = 10",
+                "sandbox.helper_max_response_bytes",
+            ),
+            (
+                "max_concurrent_helpers = 0",
+                "sandbox.max_concurrent_helpers",
+            ),
+            (
+                "helper_executable = \"rel/bin\"",
+                "sandbox.helper_executable",
+            ),
+            ("process_narrowing = \"bwrap\"", "sandbox.process_narrowing"),
+            ("enforcment = \"require\"", "sandbox.enforcment"),
+        ] {
+            let source = ConfigSource::from_toml_str(&format!("[sandbox]\n{toml}\n"));
+            let error = SandboxConfig::from_source(&source).unwrap_err();
+            assert!(error.0.contains(key), "{toml}: {error}");
+        }
+        let source = ConfigSource::from_toml_str(
+            "[sandbox]\nenforcement = \"best-effort\"\nprocess_narrowing = \"skip\"\n",
+        );
+        let config = SandboxConfig::from_source(&source).unwrap();
+        assert_eq!(config.enforcement, Enforcement::BestEffort);
+        assert_eq!(config.process_narrowing, ProcessNarrowing::Skip);
+    }
+}

@@ -1,0 +1,445 @@
+//! The sandbox launcher of `process/start` (SANDBOX.md §8): the server's binary re-executed
+//! as `<exe> --exec-server-sandbox-exec --max-request-bytes <n>`, which receives the
+//! launch on a control socket (its stdin), does the child-side set-up, narrows mounts,
+//! confines itself and `execve`s the target, so the target keeps the launcher's pid.
+//!
+//! * this module — the control protocol and the launcher's `main` (§8.2, §8.3);
+//! * `exchange` — the server's half of the control socket.
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use exec_server_proto::path::{parse_path, to_file_uri};
+use exec_server_proto::RpcError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::ProcessNarrowing;
+use crate::enforce::{self, HelperKind, LandlockState};
+use crate::fs_helper::DEFAULT_MAX_REQUEST_BYTES;
+use crate::narrow::{self, NarrowingOutcome};
+use crate::policy::{AccessKind, SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH};
+
+pub mod exchange;
+
+/// `argv[1]` of the sandbox launcher.
+pub const SANDBOX_EXEC_ARG1: &str = "--exec-server-sandbox-exec";
+
+/// Exit status of a launcher whose set-up failed before `execve`.
+pub const EXIT_SETUP_FAILED: i32 = 125;
+/// Exit status of a launcher whose `execve` failed.
+pub const EXIT_EXEC_FAILED: i32 = 127;
+
+/// The launch, sent by the server as one JSON line (§8.2 step 4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchRequest {
+    pub version: u32,
+    /// The resolved program, as a `file:` URI.
+    pub program: String,
+    /// The target's argv; `argv[0]` is already what the target should see.
+    pub argv: Vec<String>,
+    /// The target's complete environment.
+    pub env: BTreeMap<String, String>,
+    pub tty: bool,
+    pub server_pid: u32,
+    pub narrowing: ProcessNarrowing,
+    /// The policy's helper JSON (§4.3); `None` for a start without a sandbox.
+    pub policy: Option<Value>,
+    /// Bound of deny-glob expansion for mount narrowing (§8.4).
+    #[serde(default = "default_glob_depth")]
+    pub glob_scan_max_depth: u32,
+}
+
+fn default_glob_depth() -> u32 {
+    DEFAULT_GLOB_SCAN_MAX_DEPTH
+}
+
+impl LaunchRequest {
+    /// A request for `program` (absolute) under `policy`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        program: &Path,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        tty: bool,
+        narrowing: ProcessNarrowing,
+        policy: Option<(&SandboxPolicy, crate::policy::Enforcement)>,
+    ) -> Self {
+        Self {
+            version: 1,
+            program: to_file_uri(program),
+            argv,
+            env,
+            tty,
+            server_pid: std::process::id(),
+            narrowing,
+            policy: policy.map(|(policy, enforcement)| {
+                serde_json::from_str(&policy.to_helper_json(enforcement))
+                    .expect("the helper JSON is JSON")
+            }),
+            glob_scan_max_depth: policy
+                .map_or(DEFAULT_GLOB_SCAN_MAX_DEPTH, |(p, _)| p.glob_scan_max_depth),
+        }
+    }
+}
+
+/// How the sandbox was applied, reported before `execve` (§8.2 step 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchReport {
+    pub landlock: LandlockReport,
+    pub landlock_abi: i32,
+    pub seccomp: bool,
+    pub narrowing: NarrowingOutcome,
+}
+
+impl LaunchReport {
+    /// `sandboxType` is `linuxSeccomp` exactly when Landlock is in force (§8.5).
+    pub fn is_enforced(&self) -> bool {
+        self.landlock != LandlockReport::NotEnforced
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LandlockReport {
+    FullyEnforced,
+    PartiallyEnforced,
+    NotEnforced,
+}
+
+impl From<LandlockState> for LandlockReport {
+    fn from(state: LandlockState) -> Self {
+        match state {
+            LandlockState::FullyEnforced => Self::FullyEnforced,
+            LandlockState::PartiallyEnforced => Self::PartiallyEnforced,
+            LandlockState::NotEnforced => Self::NotEnforced,
+        }
+    }
+}
+
+/// One line on the control socket (launcher → server).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "status", content = "payload", rename_all = "lowercase")]
+pub enum LaunchLine {
+    Ok(LaunchReport),
+    Error(crate::fs_helper::ErrorPayload),
+}
+
+/// The launcher's `main` (§8.3) without the process exit: `args` follow the sentinel.
+/// Returns only on failure; success ends in `execve`.
+pub fn main(args: &[OsString]) -> i32 {
+    let max_request_bytes = match parse_args(args) {
+        Ok(n) => n,
+        // Nobody reads the launcher's stderr but the target's consumer: stay silent.
+        Err(_) => return EXIT_SETUP_FAILED,
+    };
+    // SAFETY: descriptor 0 is the launcher's end of the control socket, owned from here on.
+    let stdin = unsafe { OwnedFd::from_raw_fd(0) };
+    let (request, target_stdin) = match read_launch(&stdin, max_request_bytes) {
+        Ok(received) => received,
+        Err(_) => return EXIT_SETUP_FAILED,
+    };
+    let control = match move_control_socket(stdin, target_stdin) {
+        Ok(control) => control,
+        Err(_) => return EXIT_SETUP_FAILED,
+    };
+    match launch(&control, &request) {
+        Ok(never) => match never {},
+        Err(Failure::Setup(error)) => {
+            let _ = write_line(&control, &LaunchLine::Error(error.into()));
+            EXIT_SETUP_FAILED
+        }
+        Err(Failure::Exec(error)) => {
+            let _ = write_line(&control, &LaunchLine::Error(error.into()));
+            EXIT_EXEC_FAILED
+        }
+        Err(Failure::Silent) => EXIT_SETUP_FAILED,
+    }
+}
+
+enum Failure {
+    /// Before the report: answered, exit 125.
+    Setup(RpcError),
+    /// `execve` failed after the report: answered, exit 127.
+    Exec(RpcError),
+    /// Nothing can be reported (the server is gone).
+    Silent,
+}
+
+fn parse_args(args: &[OsString]) -> Result<u64, ()> {
+    match args {
+        [] => Ok(DEFAULT_MAX_REQUEST_BYTES),
+        [flag, value] if flag == "--max-request-bytes" => {
+            value.to_str().and_then(|v| v.parse().ok()).ok_or(())
+        }
+        _ => Err(()),
+    }
+}
+
+/// Steps 2–6.
+fn launch(control: &OwnedFd, request: &LaunchRequest) -> Result<std::convert::Infallible, Failure> {
+    let setup = |e: io::Error| Failure::Setup(RpcError::spawn_failed(e));
+    child_setup(request).map_err(|e| match e {
+        SetupError::ParentGone => Failure::Silent,
+        SetupError::Os(e) => setup(e),
+    })?;
+    let program = parse_path(&request.program)
+        .map_err(|e| Failure::Setup(RpcError::spawn_failed(e.reason())))?;
+    let exec = ExecArgs::new(&program, &request.argv, &request.env).map_err(setup)?;
+
+    let report = match &request.policy {
+        None => LaunchReport {
+            landlock: LandlockReport::NotEnforced,
+            landlock_abi: 0,
+            seccomp: false,
+            narrowing: NarrowingOutcome::NotNeeded,
+        },
+        Some(policy_json) => {
+            let (policy, enforcement) =
+                SandboxPolicy::from_helper_json(&policy_json.to_string())
+                    .map_err(|e| Failure::Setup(RpcError::process_sandbox_prepare(e)))?;
+            let policy = SandboxPolicy {
+                glob_scan_max_depth: request.glob_scan_max_depth,
+                ..policy
+            };
+            let narrowing = narrow::apply(&policy, request.narrowing, enforcement)
+                .map_err(|_| Failure::Setup(RpcError::sandbox_intent_unenforceable()))?;
+            let applied = enforce::apply(&policy, HelperKind::Launcher, enforcement)
+                .map_err(|_| Failure::Setup(RpcError::sandbox_intent_unenforceable()))?;
+            let report = LaunchReport {
+                landlock: applied.landlock.into(),
+                landlock_abi: applied.landlock_abi,
+                seccomp: applied.seccomp,
+                narrowing,
+            };
+            write_line(control, &LaunchLine::Ok(report)).map_err(|_| Failure::Silent)?;
+            let error = exec.exec();
+            return Err(Failure::Exec(exec_error(&error, &program, Some(&policy))));
+        }
+    };
+    write_line(control, &LaunchLine::Ok(report)).map_err(|_| Failure::Silent)?;
+    let error = exec.exec();
+    Err(Failure::Exec(exec_error(&error, &program, None)))
+}
+
+/// §8.2: `failed to spawn process: <os error>`, flagged as a sandbox denial when the
+/// kernel refused and the policy does not let the program be executed.
+fn exec_error(error: &io::Error, program: &Path, policy: Option<&SandboxPolicy>) -> RpcError {
+    let spawn = RpcError::spawn_failed(error);
+    let refused = matches!(error.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+    match policy {
+        Some(policy)
+            if refused
+                && !policy.allows(&crate::policy::resolve(program, true), AccessKind::Read) =>
+        {
+            spawn.with_sandbox_denied()
+        }
+        _ => spawn,
+    }
+}
+
+/// Reads the launch line and the descriptor attached to its first byte.
+fn read_launch(control: &OwnedFd, max_bytes: u64) -> io::Result<(LaunchRequest, OwnedFd)> {
+    let mut line = Vec::new();
+    let mut received: Option<OwnedFd> = None;
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let (n, fd) = recv_with_fd(control.as_raw_fd(), &mut chunk)?;
+        if let Some(fd) = fd {
+            received.get_or_insert(fd);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        line.extend_from_slice(&chunk[..n]);
+        if line.len() as u64 > max_bytes {
+            return Err(io::Error::other("launch request too large"));
+        }
+        if line.ends_with(b"\n") {
+            break;
+        }
+    }
+    let request: LaunchRequest = serde_json::from_slice(&line)?;
+    if request.version != 1 {
+        return Err(io::Error::other("unsupported launch request version"));
+    }
+    let fd = received.ok_or_else(|| io::Error::other("no descriptor attached"))?;
+    Ok((request, fd))
+}
+
+/// `recvmsg` with room for one `SCM_RIGHTS` descriptor.
+fn recv_with_fd(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    // SAFETY: the message header points at live buffers of the stated sizes; a received
+    // descriptor is owned by us (MSG_CMSG_CLOEXEC marks it close-on-exec).
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+        let mut cmsg_buf = vec![0u8; space];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cmsg_buf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let n = libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut fd = None;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if !cmsg.is_null()
+            && (*cmsg).cmsg_level == libc::SOL_SOCKET
+            && (*cmsg).cmsg_type == libc::SCM_RIGHTS
+        {
+            let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+            fd = Some(OwnedFd::from_raw_fd(raw));
+        }
+        Ok((n as usize, fd))
+    }
+}
+
+/// Moves the control socket off descriptor 0 (close-on-exec) and puts the target's stdin
+/// there.
+fn move_control_socket(stdin: OwnedFd, target_stdin: OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: plain descriptor duplication; the results are owned.
+    unsafe {
+        let moved = libc::fcntl(stdin.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3);
+        if moved < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let control = OwnedFd::from_raw_fd(moved);
+        // dup2 onto 0 closes the old control descriptor there; forget our handle to it.
+        if libc::dup2(target_stdin.as_raw_fd(), 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        std::mem::forget(stdin);
+        drop(target_stdin);
+        Ok(control)
+    }
+}
+
+enum SetupError {
+    ParentGone,
+    Os(io::Error),
+}
+
+/// §8.3 step 2: a session of its own, the terminal, the parent-death signal, and no
+/// inherited descriptors beyond 0–2.
+fn child_setup(request: &LaunchRequest) -> Result<(), SetupError> {
+    let os = |_: ()| SetupError::Os(io::Error::last_os_error());
+    // SAFETY: these calls take integer arguments and act on this process only.
+    unsafe {
+        // The spawner may already have made us a session leader.
+        if libc::getsid(0) != libc::getpid() && libc::setsid() < 0 {
+            return Err(os(()));
+        }
+        if request.tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+            return Err(os(()));
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) < 0 {
+            return Err(os(()));
+        }
+        if libc::getppid() as u32 != request.server_pid {
+            return Err(SetupError::ParentGone);
+        }
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) < 0 {
+            return Err(os(()));
+        }
+    }
+    Ok(())
+}
+
+/// `execve`'s arguments, prepared before confinement.
+struct ExecArgs {
+    program: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+}
+
+impl ExecArgs {
+    fn new(program: &Path, argv: &[String], env: &BTreeMap<String, String>) -> io::Result<Self> {
+        let c = |bytes: &[u8]| {
+            CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+        };
+        Ok(Self {
+            program: c(program.as_os_str().as_bytes())?,
+            argv: argv
+                .iter()
+                .map(|a| c(a.as_bytes()))
+                .collect::<Result<_, _>>()?,
+            envp: env
+                .iter()
+                .map(|(k, v)| c(format!("{k}={v}").as_bytes()))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// Replaces the process; returns only the error.
+    fn exec(&self) -> io::Error {
+        let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
+            strings
+                .iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let argv = pointers(&self.argv);
+        let envp = pointers(&self.envp);
+        // SAFETY: null-terminated arrays of valid C strings that outlive the call.
+        unsafe {
+            libc::execve(self.program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        }
+        io::Error::last_os_error()
+    }
+}
+
+fn write_line(control: &OwnedFd, line: &LaunchLine) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec(line)?;
+    bytes.push(b'\n');
+    let mut written = 0;
+    while written < bytes.len() {
+        // `write`, not `send`: the seccomp filter denies `sendto` when the network is
+        // restricted. SIGPIPE is ignored by the Rust runtime, so a closed peer is EPIPE.
+        // SAFETY: writes from a live buffer to an owned socket.
+        let n = unsafe {
+            libc::write(
+                control.as_raw_fd(),
+                bytes[written..].as_ptr().cast(),
+                bytes.len() - written,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        written += n as usize;
+    }
+    Ok(())
+}
+
+/// The first candidate of a program lookup that exists, preferring regular files (the
+/// server resolves before the launcher runs, §8.2 step 1).
+pub fn resolve_program(candidates: &[PathBuf]) -> io::Result<PathBuf> {
+    candidates
+        .iter()
+        .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file()))
+        .or_else(|| {
+            candidates
+                .iter()
+                .find(|c| std::fs::symlink_metadata(c).is_ok())
+        })
+        .cloned()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+}

@@ -1,0 +1,249 @@
+//! The filesystem helper (SANDBOX.md §4): the server's own binary re-executed as
+//! `<exe> --codex-run-as-fs-helper --policy <json> [--max-request-bytes <n>]`, which confines
+//! itself, reads one request from stdin, runs it and writes one response line.
+//!
+//! * this module — the protocol types and the helper's `main` (§4.1, §4.4–§4.7);
+//! * `checks` — the per-operation user-space checks (§5.6) and the denial flag (§7.1);
+//! * `runner` — the server side: spawn, time-out, limits, and every failure answer (§4.2, §4.6).
+//!
+//! The helper does not know how to perform an operation: the host passes it the same
+//! synchronous filesystem executor the server uses in-process (§5.7), so results and error
+//! texts are identical in both places.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+
+use exec_server_proto::RpcError;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::enforce::{self, HelperKind};
+use crate::policy::SandboxPolicy;
+
+mod checks;
+pub mod runner;
+
+pub use checks::precheck;
+
+/// `argv[1]` of the fs helper.
+pub const FS_HELPER_ARG1: &str = "--codex-run-as-fs-helper";
+
+/// Request size limit of a helper started without `--max-request-bytes` (64 MiB + 64 KiB).
+pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 67_174_400;
+
+/// Room for the request's envelope on top of `limits.max_message_bytes` (§4.1).
+pub const REQUEST_ENVELOPE_BYTES: u64 = 65_536;
+
+/// Exit status of a runtime failure (§4.6).
+const EXIT_RUNTIME: i32 = 1;
+/// Exit status of a usage error.
+const EXIT_USAGE: i32 = 2;
+
+/// The operations the helper runs (§4.4).
+pub const OPERATIONS: &[&str] = &[
+    "fs/readFile",
+    "fs/writeFile",
+    "fs/createDirectory",
+    "fs/getMetadata",
+    "fs/canonicalize",
+    "fs/readDirectory",
+    "fs/walk",
+    "fs/remove",
+    "fs/copy",
+];
+
+/// Runs one operation synchronously with the host's filesystem core: `operation` is the
+/// method name, `params` the request's params (with `"sandbox": null`). The policy is
+/// given so that listing operations can leave out entries the policy hides (§5.6); the
+/// user-space checks of the targets have already passed. Returns the serialised result.
+pub type FsExecutor =
+    fn(operation: &str, params: Value, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError>;
+
+/// The request line (server → helper).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HelperRequest {
+    pub operation: String,
+    /// Kept as written, so the line is byte-for-byte what the server produced.
+    pub params: Box<RawValue>,
+}
+
+/// The response line (helper → server).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "status", content = "payload", rename_all = "lowercase")]
+pub enum HelperResponse {
+    Ok(OkPayload),
+    Error(ErrorPayload),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OkPayload {
+    pub operation: String,
+    pub response: Box<RawValue>,
+}
+
+/// A JSON-RPC error object as it travels through the helper (§4.5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorPayload {
+    pub code: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+    pub message: String,
+}
+
+impl From<RpcError> for ErrorPayload {
+    fn from(e: RpcError) -> Self {
+        Self {
+            code: e.code,
+            data: e.data,
+            message: e.message,
+        }
+    }
+}
+
+impl From<ErrorPayload> for RpcError {
+    fn from(e: ErrorPayload) -> Self {
+        Self {
+            code: e.code,
+            data: e.data,
+            message: e.message,
+        }
+    }
+}
+
+/// The helper's command line.
+#[derive(Debug)]
+struct HelperArgs {
+    policy: String,
+    max_request_bytes: u64,
+}
+
+fn parse_args(args: &[OsString]) -> Result<HelperArgs, String> {
+    let mut policy = None;
+    let mut max_request_bytes = DEFAULT_MAX_REQUEST_BYTES;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .and_then(|v| v.to_str())
+                .map(str::to_owned)
+                .ok_or_else(|| format!("{name} needs a UTF-8 value"))
+        };
+        match arg.to_str() {
+            Some("--policy") => policy = Some(value("--policy")?),
+            Some("--max-request-bytes") => {
+                let text = value("--max-request-bytes")?;
+                max_request_bytes = text
+                    .parse()
+                    .map_err(|_| format!("invalid --max-request-bytes `{text}`"))?;
+            }
+            _ => return Err(format!("unexpected argument `{}`", arg.to_string_lossy())),
+        }
+    }
+    Ok(HelperArgs {
+        policy: policy.ok_or("missing --policy")?,
+        max_request_bytes,
+    })
+}
+
+/// The helper's `main` (§4.7) without the process exit: `args` are the arguments after
+/// the sentinel; returns the exit status. Single-threaded and synchronous throughout.
+pub fn main(args: &[OsString], executor: FsExecutor) -> i32 {
+    set_parent_death_signal();
+    let args = match parse_args(args) {
+        Ok(args) => args,
+        Err(e) => return usage_error(&e),
+    };
+    let (policy, enforcement) = match SandboxPolicy::from_helper_json(&args.policy) {
+        Ok(parsed) => parsed,
+        Err(e) => return usage_error(&format!("invalid --policy: {e}")),
+    };
+    if enforce::apply(&policy, HelperKind::FsHelper, enforcement).is_err() {
+        return respond(HelperResponse::Error(
+            RpcError::fs_sandbox_unenforceable().into(),
+        ));
+    }
+    let request = match read_request(args.max_request_bytes) {
+        Ok(request) => request,
+        Err(e) => return runtime_error(&e),
+    };
+    respond(run_request(request, &policy, executor))
+}
+
+/// Steps 5–7 for a decoded request.
+fn run_request(
+    request: HelperRequest,
+    policy: &SandboxPolicy,
+    executor: FsExecutor,
+) -> HelperResponse {
+    let operation = request.operation;
+    let params: Value = match serde_json::from_str(request.params.get()) {
+        Ok(params) => params,
+        Err(e) => return HelperResponse::Error(RpcError::invalid_params(e.to_string()).into()),
+    };
+    if params.get("sandbox").is_some_and(|s| !s.is_null()) {
+        return HelperResponse::Error(RpcError::direct_operation_with_sandbox().into());
+    }
+    let result = precheck(&operation, &params, policy).and_then(|targets| {
+        executor(&operation, params, policy).map_err(|e| checks::mark_denial(e, &targets, policy))
+    });
+    match result {
+        Ok(response) => HelperResponse::Ok(OkPayload {
+            operation,
+            response,
+        }),
+        Err(e) => HelperResponse::Error(e.into()),
+    }
+}
+
+fn read_request(max_bytes: u64) -> Result<HelperRequest, String> {
+    let mut text = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(max_bytes.saturating_add(1))
+        .read_to_end(&mut text)
+        .map_err(|e| format!("cannot read the request: {e}"))?;
+    if text.len() as u64 > max_bytes {
+        return Err(format!("request exceeds {max_bytes} bytes"));
+    }
+    let request: HelperRequest = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    if !OPERATIONS.contains(&request.operation.as_str()) {
+        return Err(format!("unsupported operation `{}`", request.operation));
+    }
+    Ok(request)
+}
+
+fn respond(response: HelperResponse) -> i32 {
+    let mut line = serde_json::to_vec(&response).expect("a helper response serialises");
+    line.push(b'\n');
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(&line).and_then(|()| stdout.flush()) {
+        Ok(()) => 0,
+        Err(e) => runtime_error(&format!("cannot write the response: {e}")),
+    }
+}
+
+fn usage_error(error: &str) -> i32 {
+    eprintln!("fs sandbox helper usage error: {error}");
+    EXIT_USAGE
+}
+
+fn runtime_error(error: &str) -> i32 {
+    eprintln!("fs sandbox helper failed: {error}");
+    EXIT_RUNTIME
+}
+
+/// The helper dies with the server (§4.7 step 1).
+pub(crate) fn set_parent_death_signal() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "fs_helper_tests.rs"]
+mod tests;

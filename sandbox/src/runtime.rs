@@ -1,0 +1,213 @@
+//! What the `fs` and `process` plugins need to serve sandboxed requests: the `[sandbox]`
+//! settings, the helper executable, policy decisions in the server's context, the
+//! fail-closed checks of §3.1/§6.1, and the fs helper runner.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use exec_server_core::config::{ConfigError, ConfigSource};
+use exec_server_proto::RpcError;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::config::SandboxConfig;
+use crate::enforce;
+use crate::fs_helper::runner::{FsHelperRunner, FsHelperSettings, SELF_EXE};
+use crate::fs_helper::REQUEST_ENVELOPE_BYTES;
+use crate::helpers::helpers_registered;
+use crate::policy::{
+    decide_fs_in, decide_process_in, Enforcement, IgnoredKindLog, PolicyContext, PolicyTarget,
+    SandboxDecision, SandboxPolicy,
+};
+
+/// The sandbox as one plugin sees it.
+#[derive(Debug)]
+pub struct SandboxRuntime {
+    config: SandboxConfig,
+    /// The program spawned for helpers.
+    program: PathBuf,
+    /// The resolved helper executable: `argv[0]` of helpers and the directory readable
+    /// under restricted reads (§2.10); an error text if it cannot be resolved.
+    resolved: Result<PathBuf, String>,
+    max_request_bytes: u64,
+    fs_runner: FsHelperRunner,
+    ignored_kinds: IgnoredKindLog,
+}
+
+impl SandboxRuntime {
+    /// Reads `[sandbox]` from `source`; `max_message_bytes` is `limits.max_message_bytes`.
+    pub fn from_source(
+        source: &ConfigSource,
+        max_message_bytes: usize,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::new(
+            SandboxConfig::from_source(source)?,
+            max_message_bytes,
+        ))
+    }
+
+    pub fn new(config: SandboxConfig, max_message_bytes: usize) -> Self {
+        let max_request_bytes = max_message_bytes as u64 + REQUEST_ENVELOPE_BYTES;
+        let mut runtime = Self {
+            program: PathBuf::from(SELF_EXE),
+            resolved: Err(String::new()),
+            max_request_bytes,
+            fs_runner: FsHelperRunner::new(
+                FsHelperSettings {
+                    program: PathBuf::from(SELF_EXE),
+                    argv0: PathBuf::from(SELF_EXE),
+                    timeout: Duration::from_millis(config.helper_timeout_ms),
+                    max_response_bytes: config.helper_max_response_bytes,
+                    max_request_bytes,
+                    enforcement: config.enforcement,
+                },
+                config.max_concurrent_helpers,
+            ),
+            ignored_kinds: IgnoredKindLog::default(),
+            config,
+        };
+        let configured = runtime.config.helper_executable.clone();
+        runtime.set_helper_executable(configured);
+        runtime
+    }
+
+    /// Names the executable spawned for helpers (same meaning as
+    /// `sandbox.helper_executable`); the default is `/proc/self/exe`.
+    pub fn with_helper_executable(mut self, path: impl Into<PathBuf>) -> Self {
+        self.set_helper_executable(Some(path.into()));
+        self
+    }
+
+    fn set_helper_executable(&mut self, path: Option<PathBuf>) {
+        let (program, resolved) = match path {
+            Some(path) => {
+                let resolved = std::fs::canonicalize(&path).map_err(|e| {
+                    format!(
+                        "cannot resolve the helper executable {}: {e}",
+                        path.display()
+                    )
+                });
+                (path, resolved)
+            }
+            None => (
+                PathBuf::from(SELF_EXE),
+                std::env::current_exe()
+                    .map_err(|e| format!("cannot resolve the helper executable: {e}")),
+            ),
+        };
+        let settings = FsHelperSettings {
+            program: program.clone(),
+            argv0: resolved.clone().unwrap_or_else(|_| program.clone()),
+            ..self.fs_runner.settings().clone()
+        };
+        self.fs_runner = FsHelperRunner::new(settings, self.config.max_concurrent_helpers);
+        self.program = program;
+        self.resolved = resolved;
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    pub fn enforcement(&self) -> Enforcement {
+        self.config.enforcement
+    }
+
+    /// The program spawned for helpers.
+    pub fn helper_program(&self) -> &Path {
+        &self.program
+    }
+
+    /// `argv[0]` of helpers.
+    pub fn helper_argv0(&self) -> &Path {
+        self.resolved.as_deref().unwrap_or(&self.program)
+    }
+
+    /// `--max-request-bytes` of helpers.
+    pub fn max_request_bytes(&self) -> u64 {
+        self.max_request_bytes
+    }
+
+    pub fn helper_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.helper_timeout_ms)
+    }
+
+    fn context(&self, target: PolicyTarget) -> PolicyContext {
+        PolicyContext {
+            target,
+            helper_executable: self.resolved.clone(),
+            tmpdir: std::env::var_os("TMPDIR"),
+            secret_files: Vec::new(),
+        }
+    }
+
+    /// Decides an `fs/*` request's sandbox in this server's context.
+    pub fn decide_fs(
+        &self,
+        sandbox: Option<&Value>,
+        top_level_policy: Option<&Value>,
+    ) -> Result<SandboxDecision, RpcError> {
+        let outcome = decide_fs_in(sandbox, top_level_policy, &self.context(PolicyTarget::Fs))?;
+        self.ignored_kinds.report(&outcome.ignored_deny_kinds);
+        Ok(outcome.decision)
+    }
+
+    /// Decides a `process/start` request's sandbox; `cwd` is the request's.
+    pub fn decide_process(
+        &self,
+        sandbox: Option<&Value>,
+        cwd: &Path,
+    ) -> Result<SandboxDecision, RpcError> {
+        let target = PolicyTarget::Process {
+            cwd: cwd.to_path_buf(),
+        };
+        let outcome = decide_process_in(sandbox, &self.context(target))?;
+        self.ignored_kinds.report(&outcome.ignored_deny_kinds);
+        Ok(outcome.decision)
+    }
+
+    /// Whether an enforced request may go to a helper at all (§3.1, §6.1, §6.2, §9.3):
+    /// the helpers must be registered (both modes), and in `require` mode the probe must
+    /// find every layer. The helper's own result stays authoritative.
+    fn enforceable(&self) -> bool {
+        if !helpers_registered() && self.program == Path::new(SELF_EXE) {
+            return false;
+        }
+        self.config.enforcement == Enforcement::BestEffort || enforce::probe_missing().is_empty()
+    }
+
+    /// -32600 `filesystem sandbox cannot be enforced on this executor` when refused early.
+    pub fn check_fs_enforceable(&self) -> Result<(), RpcError> {
+        if self.enforceable() {
+            Ok(())
+        } else {
+            Err(RpcError::fs_sandbox_unenforceable())
+        }
+    }
+
+    /// -32602 `sandbox intent cannot be enforced on this executor` when refused early.
+    pub fn check_process_enforceable(&self) -> Result<(), RpcError> {
+        if self.enforceable() {
+            Ok(())
+        } else {
+            Err(RpcError::sandbox_intent_unenforceable())
+        }
+    }
+
+    /// Runs one `fs/*` operation in an fs helper confined by `policy` (§4). `params` are
+    /// the request's params in the helper's form (§4.4).
+    pub async fn run_fs_helper(
+        &self,
+        operation: &str,
+        params: Box<RawValue>,
+        policy: &SandboxPolicy,
+    ) -> Result<Box<RawValue>, RpcError> {
+        self.check_fs_enforceable()?;
+        self.fs_runner.run(operation, params, policy).await
+    }
+
+    /// The fs helper runner (for inspection of its command).
+    pub fn fs_runner(&self) -> &FsHelperRunner {
+        &self.fs_runner
+    }
+}

@@ -1,0 +1,235 @@
+//! Enforcement probes against the real kernel (SANDBOX.md §10.4). This test binary has its
+//! own `main`: re-executed with `--probe <policy JSON> <T>`, it applies the fs helper's
+//! enforcement on its only thread (the same `enforce::apply` the helper calls) and then
+//! makes raw system calls, printing each result; without arguments it runs the probe and
+//! checks the results.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::Command;
+
+use exec_server_sandbox::enforce::{self, HelperKind};
+use exec_server_sandbox::policy::{Enforcement, SandboxPolicy};
+use serde_json::{json, Value};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--probe") {
+        probe(&args[2], Path::new(&args[3]));
+        return;
+    }
+    if enforce::landlock_abi() == 0 {
+        assert!(
+            std::env::var_os("EXEC_SERVER_REQUIRE_SANDBOX_TESTS").is_none(),
+            "Landlock is required but not available"
+        );
+        println!("SKIP: Landlock is not available on this host");
+        return;
+    }
+    check_probes();
+    println!("enforcement probes: ok");
+}
+
+/// The errno of a failed call, 0 for success.
+fn errno_of(rc: i64) -> i32 {
+    if rc < 0 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+    } else {
+        0
+    }
+}
+
+fn c(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
+fn probe(policy: &str, t: &Path) {
+    let threads_before = status_field(
+        &std::fs::read_to_string("/proc/self/status").unwrap(),
+        "Threads",
+    );
+    let (policy, _) = SandboxPolicy::from_helper_json(policy).unwrap();
+    enforce::apply(&policy, HelperKind::FsHelper, Enforcement::Require).expect("enforced");
+    let mut results = serde_json::Map::new();
+    let mut record = |name: &str, value: Value| {
+        results.insert(name.to_owned(), value);
+    };
+    // SAFETY (all blocks below): raw system calls with valid arguments; descriptors that
+    // are created are leaked, the process exits right after.
+    unsafe {
+        for (name, domain) in [
+            ("socket_inet", libc::AF_INET),
+            ("socket_inet6", libc::AF_INET6),
+            ("socket_netlink", libc::AF_NETLINK),
+        ] {
+            record(
+                name,
+                json!(errno_of(libc::socket(domain, libc::SOCK_STREAM, 0) as i64)),
+            );
+        }
+        let unix = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+        record("socket_unix", json!(errno_of(unix as i64)));
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as u16;
+        for (i, b) in t
+            .join("allowed/sock")
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .enumerate()
+        {
+            addr.sun_path[i] = *b as libc::c_char;
+        }
+        let rc = libc::connect(
+            unix,
+            std::ptr::addr_of!(addr).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        );
+        record("connect_unix", json!(errno_of(rc as i64)));
+        let mut pair = [0; 2];
+        let rc = libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr());
+        record("socketpair_unix", json!(errno_of(rc as i64)));
+        record(
+            "ptrace",
+            json!(errno_of(libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0))),
+        );
+        let mut params = [0u8; 120];
+        record(
+            "io_uring_setup",
+            json!(errno_of(libc::syscall(
+                libc::SYS_io_uring_setup,
+                1,
+                params.as_mut_ptr()
+            ))),
+        );
+        let mut buf = [0u8; 8];
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: 8,
+        };
+        let remote = libc::iovec {
+            iov_base: 0x1000 as *mut libc::c_void,
+            iov_len: 8,
+        };
+        record(
+            "process_vm_readv",
+            json!(errno_of(
+                libc::process_vm_readv(libc::getppid(), &local, 1, &remote, 1, 0) as i64
+            )),
+        );
+        record(
+            "bpf",
+            json!(errno_of(libc::syscall(libc::SYS_bpf, 0, 0, 0))),
+        );
+        record(
+            "init_module",
+            json!(errno_of(libc::syscall(libc::SYS_init_module, 0, 0, 0))),
+        );
+        let fd = libc::open(
+            c(&t.join("outside/x")).as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY,
+            0o644,
+        );
+        record("create_outside", json!(errno_of(fd as i64)));
+        let rc = libc::mknod(
+            c(&t.join("allowed/blk")).as_ptr(),
+            libc::S_IFBLK | 0o600,
+            libc::makedev(8, 0),
+        );
+        record("mknod_block", json!(errno_of(rc as i64)));
+        let rc = libc::link(
+            c(&t.join("outside/secret.txt")).as_ptr(),
+            c(&t.join("allowed/hl2")).as_ptr(),
+        );
+        record("link_outside", json!(errno_of(rc as i64)));
+        let rc = libc::truncate(c(&t.join("outside/secret.txt")).as_ptr(), 0);
+        record("truncate_outside", json!(errno_of(rc as i64)));
+        record(
+            "kill_parent",
+            json!(errno_of(libc::kill(libc::getppid(), 0) as i64)),
+        );
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    record("no_new_privs", json!(status_field(&status, "NoNewPrivs")));
+    record("seccomp", json!(status_field(&status, "Seccomp")));
+    record("threads", json!(threads_before));
+    println!("{}", Value::Object(results));
+}
+
+fn check_probes() {
+    let dir = tempfile::Builder::new()
+        .prefix("exec-server-sbx-")
+        .tempdir()
+        .unwrap();
+    let t = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::create_dir(t.join("allowed")).unwrap();
+    std::fs::create_dir(t.join("outside")).unwrap();
+    std::fs::write(t.join("outside/secret.txt"), "secret").unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(t.join("allowed/sock")).unwrap();
+    let policy = json!({"version": 1, "readable": "all",
+        "writable": [format!("file://{}", t.join("allowed").display())],
+        "readOnly": [], "deniedPaths": [], "deniedGlobs": [],
+        "network": "restricted", "enforcement": "require"});
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--probe", &policy.to_string(), t.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let expect = |name: &str, allowed: &[i32]| {
+        let got = results[name].as_i64().unwrap() as i32;
+        assert!(
+            allowed.contains(&got),
+            "{name}: errno {got}, expected {allowed:?}"
+        );
+    };
+    // L1–L4
+    for name in ["socket_inet", "socket_inet6", "socket_netlink"] {
+        expect(name, &[libc::EPERM]);
+    }
+    expect("socket_unix", &[0]);
+    expect("connect_unix", &[libc::EPERM]);
+    expect("socketpair_unix", &[0]);
+    for name in [
+        "ptrace",
+        "io_uring_setup",
+        "process_vm_readv",
+        "bpf",
+        "init_module",
+    ] {
+        expect(name, &[libc::EPERM]);
+    }
+    // L5, L11
+    assert_eq!(results["no_new_privs"], "1");
+    assert_eq!(results["seccomp"], "2");
+    assert_eq!(results["threads"], "1");
+    // L6–L9: Landlock alone holds the boundary.
+    expect("create_outside", &[libc::EACCES]);
+    assert!(!t.join("outside/x").exists());
+    expect("mknod_block", &[libc::EACCES]);
+    expect("link_outside", &[libc::EXDEV, libc::EACCES]);
+    assert!(!t.join("allowed/hl2").exists());
+    expect("truncate_outside", &[libc::EACCES, libc::EPERM]);
+    assert_eq!(
+        std::fs::read_to_string(t.join("outside/secret.txt")).unwrap(),
+        "secret"
+    );
+    // L10: signal scope (ABI ≥ 6).
+    if enforce::landlock_abi() >= 6 {
+        expect("kill_parent", &[libc::EPERM]);
+    }
+}
