@@ -30,6 +30,7 @@ use exec_server_environment as _;
 use exec_server_fs as _;
 use exec_server_process as _;
 use exec_server_relay as _;
+use exec_server_search as _;
 
 /// Plugins this library is built with, and the crate that provides each.
 pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
@@ -37,6 +38,7 @@ pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
     ("fs", "exec-server-fs"),
     ("process", "exec-server-process"),
     ("relay", "exec-server-relay"),
+    ("search", "exec-server-search"),
 ];
 
 /// Exit status of every start-up and configuration error (PROTOCOL §7).
@@ -175,7 +177,10 @@ fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
         }
         let mut listeners = open_listeners(&urls, &server)?;
         listeners.extend(configured);
-        run(server, listeners, shutdown_signal()).await
+        // Handlers are installed before any listener is bound, so a signal that arrives
+        // as soon as the address is announced already means "shut down gracefully".
+        let signals = shutdown_signal()?;
+        run(server, listeners, signals).await
     })?;
     // Plugins may hold blocking threads (process spawner, waiters); do not wait for them.
     std::process::exit(0);
@@ -192,12 +197,18 @@ fn init_logging() {
         .init();
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now; the future resolves on either signal.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, StartupError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let install = |kind| {
+        signal(kind).map_err(|e| StartupError(format!("failed to install a signal handler: {e}")))
+    };
+    let mut term = install(SignalKind::terminate())?;
+    let mut int = install(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
