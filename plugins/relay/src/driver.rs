@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::link::FrameQueues;
 use crate::proto::{self, Body, RelayMessageFrame, ResetReason};
 use crate::reliable::{ReliableStream, SendError};
 
@@ -26,13 +27,16 @@ pub enum StreamEvent {
     Disconnected,
     /// Drop the stream at once, sending Reset with this reason.
     Abort(ResetReason),
+    /// Drop the stream at once; the physical side has already queued its Reset, ahead of
+    /// a close that the same event may trigger.
+    Retire(ResetReason),
 }
 
 /// The sending side of the current physical connection, shared by every stream on it.
 /// While there is none, frames are dropped (they count as lost, §5.8).
 #[derive(Clone, Default)]
 pub struct Uplink {
-    current: Arc<Mutex<Option<mpsc::Sender<Bytes>>>>,
+    current: Arc<Mutex<Option<FrameQueues>>>,
 }
 
 impl std::fmt::Debug for Uplink {
@@ -42,7 +46,7 @@ impl std::fmt::Debug for Uplink {
 }
 
 impl Uplink {
-    pub fn set(&self, sender: Option<mpsc::Sender<Bytes>>) {
+    pub fn set(&self, sender: Option<FrameQueues>) {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = sender;
     }
 
@@ -53,13 +57,25 @@ impl Uplink {
             .is_some()
     }
 
+    /// Queues one frame without waiting; `false` when there is no connection or no room.
+    pub fn try_send(&self, frame: &RelayMessageFrame) -> bool {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().is_some_and(|queues| {
+            queues
+                .for_frame(frame)
+                .try_send(proto::encode(frame))
+                .is_ok()
+        })
+    }
+
     /// Sends one frame, waiting for room in the physical writer's queue.
     pub async fn send(&self, frame: &RelayMessageFrame) {
         let sender = self
             .current
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
+            .as_ref()
+            .map(|queues| queues.for_frame(frame).clone());
         if let Some(sender) = sender {
             let _ = sender.send(proto::encode(frame)).await;
         }
@@ -71,6 +87,8 @@ impl Uplink {
 pub enum StreamEnd {
     /// We sent Reset with this reason.
     ResetSent(ResetReason),
+    /// The physical side reset the stream (it sent the Reset itself).
+    Retired(ResetReason),
     /// The peer sent Reset; the reason text as received (truncated).
     ResetReceived(String),
     /// No physical connection for the whole resume grace.
@@ -85,6 +103,16 @@ pub struct AppSide {
     pub from_app: mpsc::Receiver<String>,
 }
 
+/// What a stream does when its shutdown token is cancelled.
+#[derive(Debug, Clone)]
+pub enum ShutdownMode {
+    /// Reset{shutdown} at once (the harness dropping its stream without a flush).
+    Abort(CancellationToken),
+    /// Stop taking messages, wait until every record is acknowledged or 5 s have passed,
+    /// then Reset{shutdown} (an executor that is stopping, §5.10).
+    Flush(CancellationToken),
+}
+
 /// Runs a stream until it is reset, closed or lost.
 pub async fn drive_stream(
     mut machine: ReliableStream,
@@ -92,8 +120,13 @@ pub async fn drive_stream(
     uplink: Uplink,
     app: AppSide,
     resume_grace: Duration,
-    shutdown: CancellationToken,
+    shutdown: ShutdownMode,
 ) -> StreamEnd {
+    let (shutdown, flush_on_shutdown) = match shutdown {
+        ShutdownMode::Abort(token) => (token, false),
+        ShutdownMode::Flush(token) => (token, true),
+    };
+    let mut shutting_down = false;
     let AppSide {
         to_app,
         mut from_app,
@@ -117,7 +150,11 @@ pub async fn drive_stream(
         }
         if let Some(deadline) = close_deadline {
             if machine.is_flushed() || Instant::now() >= deadline {
-                break StreamEnd::ResetSent(ResetReason::StreamClosed);
+                break StreamEnd::ResetSent(if shutting_down {
+                    ResetReason::Shutdown
+                } else {
+                    ResetReason::StreamClosed
+                });
             }
         }
         let mut deadline = machine.next_deadline();
@@ -130,10 +167,18 @@ pub async fn drive_stream(
         let deliverable = machine.has_message();
         tokio::select! {
             biased;
-            _ = shutdown.cancelled() => break StreamEnd::ResetSent(ResetReason::Shutdown),
+            _ = shutdown.cancelled(), if !shutting_down => {
+                if !flush_on_shutdown {
+                    break StreamEnd::ResetSent(ResetReason::Shutdown);
+                }
+                shutting_down = true;
+                machine.begin_close();
+                close_deadline.get_or_insert_with(|| Instant::now() + CLOSE_FLUSH);
+            }
             event = inbox.recv() => match event {
                 None => break StreamEnd::Lost,
                 Some(StreamEvent::Abort(reason)) => break StreamEnd::ResetSent(reason),
+                Some(StreamEvent::Retire(reason)) => break StreamEnd::Retired(reason),
                 Some(StreamEvent::Connected) => {
                     disconnected_at = None;
                     machine.on_connected(Instant::now());

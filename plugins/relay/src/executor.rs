@@ -16,7 +16,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
-use crate::driver::{drive_stream, AppSide, StreamEnd, StreamEvent, Uplink, STREAM_INBOX};
+use crate::driver::{
+    drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
+};
 use crate::link::{self, Incoming, LinkTiming, OpenError};
 use crate::noise::{
     prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES,
@@ -34,6 +36,13 @@ const RETIRED_IDS: usize = 1_024;
 /// Invalid frames within [`INVALID_WINDOW`] that close the physical connection (§2.5).
 const MAX_INVALID_FRAMES: usize = 8;
 const INVALID_WINDOW: Duration = Duration::from_secs(60);
+/// How long a stopping executor keeps its connection for streams to flush: their 5 s
+/// (§5.10) plus time for the final Resets.
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(6);
+/// How long a closing connection may take to write what is queued.
+const LINK_DRAIN: Duration = Duration::from_secs(1);
+/// How long a stream's JSON-RPC connection may take to finish once the stream ended.
+const CONNECTION_END: Duration = Duration::from_secs(5);
 
 fn open_relay(
     source: &ConfigSource,
@@ -138,8 +147,15 @@ pub struct Executor {
     failed_handshakes: AtomicUsize,
     /// Woken when the failure budget is used up: close with 1008 and reconnect.
     budget_exhausted: Notify,
-    /// Set when a `/validate` answered 401/403: register again once (§7.6).
-    reregister: AtomicBool,
+    /// Set while the single `register` that follows a `/validate` refused with 401/403
+    /// runs (§7.6), so several refusals at once lead to one call.
+    reregistering: AtomicBool,
+    /// Cancelled when that `register` got a terminal answer: the executor stops and
+    /// [`Executor::run`] returns the message held in `fatal_message`.
+    fatal: CancellationToken,
+    fatal_message: Mutex<Option<String>>,
+    /// One permit per stream that ended, so a shutdown knows when every stream flushed.
+    stream_ended: Notify,
 }
 
 impl Executor {
@@ -165,7 +181,10 @@ impl Executor {
             state: Mutex::new(State::default()),
             failed_handshakes: AtomicUsize::new(0),
             budget_exhausted: Notify::new(),
-            reregister: AtomicBool::new(false),
+            reregistering: AtomicBool::new(false),
+            fatal: CancellationToken::new(),
+            fatal_message: Mutex::new(None),
+            stream_ended: Notify::new(),
         })
     }
 
@@ -230,6 +249,30 @@ impl Executor {
         }
     }
 
+    /// After `/validate` answered 401 or 403: one `register` call now, while the physical
+    /// connection carries on (§7.6). A terminal answer ends the process with status 1.
+    fn register_again(self: &Arc<Self>) {
+        if self.reregistering.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let executor = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut backoff = Backoff::new(
+                Duration::from_millis(executor.config.reconnect_initial_backoff_ms),
+                Duration::from_millis(executor.config.reconnect_max_backoff_ms),
+            );
+            let result = executor.register(&mut backoff).await;
+            executor.reregistering.store(false, Ordering::SeqCst);
+            if let Err(message) = result {
+                *executor
+                    .fatal_message
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(message);
+                executor.fatal.cancel();
+            }
+        });
+    }
+
     /// The registration and connection loop of §7.6; returns at shutdown.
     pub async fn run(self: &Arc<Self>) -> Result<(), String> {
         let shutdown = self.server.shutdown.clone();
@@ -239,6 +282,9 @@ impl Executor {
         );
         self.register(&mut backoff).await?;
         loop {
+            if let Some(message) = self.take_fatal() {
+                return Err(message);
+            }
             if shutdown.is_cancelled() {
                 break;
             }
@@ -261,13 +307,24 @@ impl Executor {
             let delay = backoff.next(None);
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = self.fatal.cancelled() => continue,
                 _ = tokio::time::sleep(delay) => {}
             }
-            if must_register || self.reregister.swap(false, Ordering::SeqCst) {
+            if must_register {
                 self.register(&mut backoff).await?;
             }
         }
         Ok(())
+    }
+
+    fn take_fatal(&self) -> Option<String> {
+        if !self.fatal.is_cancelled() {
+            return None;
+        }
+        self.fatal_message
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Serves one physical connection until it ends.
@@ -278,11 +335,31 @@ impl Executor {
         self.broadcast(|| StreamEvent::Connected);
         let shutdown = self.server.shutdown.clone();
         let mut invalid: VecDeque<Instant> = VecDeque::new();
+        let mut flush_until: Option<Instant> = None;
         loop {
             let incoming = tokio::select! {
-                _ = shutdown.cancelled() => {
-                    // Streams send Reset{shutdown} through the uplink; give them a moment.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                _ = shutdown.cancelled(), if flush_until.is_none() => {
+                    // Each stream flushes its records (at most 5 s, §5.10) and then sends
+                    // Reset{shutdown}; the connection keeps reading their acknowledgements.
+                    flush_until = Some(Instant::now() + SHUTDOWN_FLUSH);
+                    if self.established_streams() == 0 {
+                        handle.close(1000);
+                        break;
+                    }
+                    continue;
+                }
+                _ = self.stream_ended.notified(), if flush_until.is_some() => {
+                    if self.established_streams() == 0 {
+                        handle.close(1000);
+                        break;
+                    }
+                    continue;
+                }
+                _ = sleep_until_opt(flush_until) => {
+                    handle.close(1000);
+                    break;
+                }
+                _ = self.fatal.cancelled() => {
                     handle.close(1000);
                     break;
                 }
@@ -325,7 +402,18 @@ impl Executor {
         }
         self.uplink.set(None);
         handle.dead.cancel();
+        // Frames already queued (a last Reset, the close code) reach the socket first.
+        let _ = tokio::time::timeout(LINK_DRAIN, handle.finished()).await;
         self.broadcast(|| StreamEvent::Disconnected);
+    }
+
+    fn established_streams(&self) -> usize {
+        let state = self.lock();
+        state
+            .streams
+            .values()
+            .filter(|s| matches!(s, Slot::Established { .. }))
+            .count()
     }
 
     fn broadcast(&self, event: impl Fn() -> StreamEvent) {
@@ -338,7 +426,6 @@ impl Executor {
     }
 
     /// Resets a stream that is pending or established (invalid frame naming it).
-    #[allow(clippy::collapsible_match)]
     fn reset_active(&self, sid: &str, reason: ResetReason) {
         let mut state = self.lock();
         match state.streams.remove(sid) {
@@ -348,31 +435,36 @@ impl Executor {
                 drop(state);
                 self.send_reset(sid, reason);
             }
-            Some(Slot::Established {
-                inbox,
-                digest,
-                msg2,
-                data_seen,
-            }) => {
-                if inbox.try_send(StreamEvent::Abort(reason)).is_err() {
-                    state.streams.insert(
-                        sid.to_owned(),
-                        Slot::Established {
-                            inbox,
-                            digest,
-                            msg2,
-                            data_seen,
-                        },
-                    );
-                }
+            Some(Slot::Established { inbox, .. }) => {
+                drop(state);
+                self.retire_established(sid, inbox, reason);
             }
             None => {}
         }
     }
 
+    /// Resets an established stream from the physical side: the Reset is queued now, so
+    /// it precedes a close the same event may trigger, and the stream task ends without
+    /// sending another.
+    fn retire_established(&self, sid: &str, inbox: mpsc::Sender<StreamEvent>, reason: ResetReason) {
+        self.send_reset(sid, reason);
+        if let Err(mpsc::error::TrySendError::Full(event)) =
+            inbox.try_send(StreamEvent::Retire(reason))
+        {
+            tokio::spawn(async move {
+                let _ = inbox.send(event).await;
+            });
+        }
+    }
+
+    /// Queues a Reset at once when there is room, so it precedes a close that the same
+    /// event may trigger (the failed-handshake budget); otherwise waits for room.
     fn send_reset(&self, sid: &str, reason: ResetReason) {
-        let uplink = self.uplink.clone();
         let frame = proto::reset_frame(sid, reason);
+        if self.uplink.try_send(&frame) || !self.uplink.is_connected() {
+            return;
+        }
+        let uplink = self.uplink.clone();
         tokio::spawn(async move { uplink.send(&frame).await });
     }
 
@@ -508,7 +600,7 @@ impl Executor {
                     }
                     Some(Slot::Established { inbox, .. }) => {
                         drop(state);
-                        let _ = inbox.try_send(StreamEvent::Abort(ResetReason::DuplicateStream));
+                        self.retire_established(sid, inbox, ResetReason::DuplicateStream);
                         self.count_failure();
                     }
                     None => {}
@@ -629,7 +721,7 @@ impl Executor {
             Err(e) => {
                 if e.is_auth_failure() {
                     tracing::error!("relay validate was refused ({e}); registering again");
-                    self.reregister.store(true, Ordering::SeqCst);
+                    self.register_again();
                 } else {
                     tracing::warn!(
                         "relay validate failed: {}",
@@ -714,7 +806,7 @@ impl Executor {
         let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
             rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))
         }));
-        let connection = tokio::spawn(serve_connection(
+        let mut connection = tokio::spawn(serve_connection(
             Arc::clone(&self.server),
             info,
             inbound,
@@ -726,7 +818,7 @@ impl Executor {
             self.uplink.clone(),
             AppSide { to_app, from_app },
             Duration::from_millis(self.config.resume_grace_ms),
-            self.server.shutdown.clone(),
+            ShutdownMode::Flush(self.server.shutdown.clone()),
         )
         .await;
         tracing::debug!(stream = %sid, end = ?end, "relay stream ended");
@@ -738,7 +830,22 @@ impl Executor {
             state.streams.remove(&sid);
             state.retired.insert(sid, digest);
         }
-        connection.abort();
+        self.stream_ended.notify_one();
+        // The stream's end closed the connection's inbound side; let the connection finish
+        // in order so its session is detached (an aborted task would leave it attached).
+        if tokio::time::timeout(CONNECTION_END, &mut connection)
+            .await
+            .is_err()
+        {
+            connection.abort();
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

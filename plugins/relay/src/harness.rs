@@ -11,7 +11,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{drive_stream, AppSide, StreamEnd, StreamEvent, Uplink, STREAM_INBOX};
+use crate::driver::{
+    drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
+};
 use crate::link::{self, Incoming, LinkTiming};
 use crate::noise::{
     prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES, MSG2_LEN,
@@ -224,7 +226,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     let msg1 = proto::frame(&stream_id, 0, 0, proto::handshake_body(buf[..n].to_vec()));
     let msg1_bytes = proto::encode(&msg1);
     let send = |bytes: Bytes| {
-        let tx = handle.frames.clone();
+        let tx = handle.frames.control.clone();
         async move {
             let _ = tx.send(bytes).await;
         }
@@ -338,13 +340,15 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
             uplink,
             AppSide { to_app, from_app },
             args.resume_grace,
-            driver_done.clone(),
+            ShutdownMode::Abort(driver_done.clone()),
         )
         .await;
         let error = match result {
             StreamEnd::ResetSent(ResetReason::StreamClosed) => None,
             StreamEnd::ResetSent(ResetReason::Shutdown) => None,
-            StreamEnd::ResetSent(reason) => Some(RelayError::Reset(reason.to_string())),
+            StreamEnd::ResetSent(reason) | StreamEnd::Retired(reason) => {
+                Some(RelayError::Reset(reason.to_string()))
+            }
             StreamEnd::ResetReceived(reason) => {
                 Some(RelayError::Reset(ResetReason::parse(&reason).to_string()))
             }
@@ -392,6 +396,21 @@ impl Physical {
         }
     }
 
+    /// A text message or an undecodable frame (§2.5 rows 1 and 3): Reset{invalid_frame}
+    /// for the stream, then close the socket with `code`; the stream fails.
+    async fn protocol_violation(&self, handle: &link::LinkHandle, code: u16) {
+        let reset = proto::encode(&proto::reset_frame(
+            &self.stream_id,
+            ResetReason::InvalidFrame,
+        ));
+        let _ = handle.frames.control.try_send(reset);
+        handle.close(code);
+        let _ = self
+            .inbox
+            .send(StreamEvent::Retire(ResetReason::InvalidFrame))
+            .await;
+    }
+
     async fn run(
         self,
         mut handle: link::LinkHandle,
@@ -410,24 +429,24 @@ impl Physical {
                 let bytes = match incoming {
                     Incoming::Binary(b) => b,
                     Incoming::Text => {
-                        handle.close(1003);
+                        return self.protocol_violation(&handle, 1003).await;
+                    }
+                    // A protocol or policy close ends the stream (§8.8); anything else is
+                    // a lost connection that the stream survives through Resume (§5.8).
+                    Incoming::Ended(Some(code @ (1002 | 1003 | 1008 | 1009))) => {
+                        self.fail(RelayError::Open(format!(
+                            "the relay connection was closed with code {code}"
+                        )));
                         let _ = self
                             .inbox
-                            .send(StreamEvent::Abort(ResetReason::InvalidFrame))
+                            .send(StreamEvent::Retire(ResetReason::InvalidFrame))
                             .await;
                         return;
                     }
                     Incoming::Ended(_) => break,
                 };
-                let frame = match proto::decode(&bytes) {
-                    Ok(f) => f,
-                    Err(_) => {
-                        let _ = self
-                            .inbox
-                            .send(StreamEvent::Abort(ResetReason::InvalidFrame))
-                            .await;
-                        return;
-                    }
+                let Ok(frame) = proto::decode(&bytes) else {
+                    return self.protocol_violation(&handle, 1002).await;
                 };
                 if frame.stream_id != self.stream_id {
                     continue;

@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::proto::MAX_WS_MESSAGE_BYTES;
+use crate::proto::{Body, RelayMessageFrame, MAX_WS_MESSAGE_BYTES};
 
 pub type ClientWs = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -73,13 +73,36 @@ pub async fn open(url: &str, timeout: Duration) -> Result<ClientWs, OpenError> {
     }
 }
 
+/// The two queues of a physical connection's writer (§6.1): control frames (handshake,
+/// reset, resume, standalone acks) are written ahead of data frames. Data producers wait
+/// for room in their bounded queue; the writer never lets data overtake a queued control
+/// frame. Producers waiting for room are served in the order they started waiting, so
+/// streams with data ready take turns.
+#[derive(Clone)]
+pub struct FrameQueues {
+    pub data: mpsc::Sender<Bytes>,
+    pub control: mpsc::Sender<Bytes>,
+}
+
+impl FrameQueues {
+    /// The queue a frame of this kind belongs to.
+    pub fn for_frame(&self, frame: &RelayMessageFrame) -> &mpsc::Sender<Bytes> {
+        match frame.body {
+            Some(Body::Data(_)) => &self.data,
+            _ => &self.control,
+        }
+    }
+}
+
 /// The writer side of a physical connection and what controls it.
 #[derive(Clone)]
 pub struct LinkHandle {
-    pub frames: mpsc::Sender<Bytes>,
+    pub frames: FrameQueues,
     close_code: Arc<Mutex<Option<u16>>>,
     /// Cancelled when the connection is finished (closed by us, dead, or ended).
     pub dead: CancellationToken,
+    /// Cancelled once the writer has written what was queued and the close frame.
+    written: CancellationToken,
     last_pong: Arc<Mutex<Instant>>,
 }
 
@@ -90,6 +113,11 @@ impl LinkHandle {
         self.dead.cancel();
     }
 
+    /// Resolves once the writer has finished (after [`LinkHandle::close`] or a dead link).
+    pub async fn finished(&self) {
+        self.written.cancelled().await
+    }
+
     pub fn pong_received(&self) {
         *self.last_pong.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
@@ -98,14 +126,22 @@ impl LinkHandle {
 /// Splits a socket: spawns the writer and returns its handle and the read half.
 pub fn start(ws: ClientWs, timing: LinkTiming) -> (LinkHandle, SplitStream<ClientWs>) {
     let (sink, stream) = ws.split();
-    let (tx, rx) = mpsc::channel(PHYSICAL_QUEUE);
+    let (data, data_rx) = mpsc::channel(PHYSICAL_QUEUE);
+    let (control, control_rx) = mpsc::channel(PHYSICAL_QUEUE);
     let handle = LinkHandle {
-        frames: tx,
+        frames: FrameQueues { data, control },
         close_code: Arc::new(Mutex::new(None)),
         dead: CancellationToken::new(),
+        written: CancellationToken::new(),
         last_pong: Arc::new(Mutex::new(Instant::now())),
     };
-    tokio::spawn(write_loop(sink, rx, handle.clone(), timing));
+    tokio::spawn(write_loop(
+        sink,
+        control_rx,
+        data_rx,
+        handle.clone(),
+        timing,
+    ));
     (handle, stream)
 }
 
@@ -145,7 +181,8 @@ pub async fn read(stream: &mut SplitStream<ClientWs>, handle: &LinkHandle) -> In
 
 async fn write_loop(
     mut sink: SplitSink<ClientWs, Message>,
-    mut rx: mpsc::Receiver<Bytes>,
+    mut control: mpsc::Receiver<Bytes>,
+    mut data: mpsc::Receiver<Bytes>,
     handle: LinkHandle,
     timing: LinkTiming,
 ) {
@@ -157,7 +194,12 @@ async fn write_loop(
         tokio::select! {
             biased;
             _ = handle.dead.cancelled() => break,
-            frame = rx.recv() => match frame {
+            Some(bytes) = control.recv() => {
+                if sink.send(Message::Binary(bytes)).await.is_err() {
+                    break;
+                }
+            }
+            frame = data.recv() => match frame {
                 Some(bytes) => {
                     if sink.send(Message::Binary(bytes)).await.is_err() {
                         break;
@@ -188,10 +230,12 @@ async fn write_loop(
             }
         }
     }
-    // Write what is queued, then close with the requested code.
-    while let Ok(bytes) = rx.try_recv() {
-        if sink.send(Message::Binary(bytes)).await.is_err() {
-            break;
+    // Write what is queued (control frames first), then close with the requested code.
+    'drain: for queue in [&mut control, &mut data] {
+        while let Ok(bytes) = queue.try_recv() {
+            if sink.send(Message::Binary(bytes)).await.is_err() {
+                break 'drain;
+            }
         }
     }
     let code = handle
@@ -206,4 +250,5 @@ async fn write_loop(
     let _ = sink.send(Message::Close(frame)).await;
     let _ = sink.close().await;
     handle.dead.cancel();
+    handle.written.cancel();
 }

@@ -4,7 +4,7 @@
 //! decrypting them.
 //!
 //! * [`signing`] — signed URLs, authorisations, registration ids.
-//! * [`state`] — registrations, routes and the routing rules of §8.6–§8.7.
+//! * `state` — registrations, routes and the routing rules of §8.6–§8.7.
 
 // Handlers return early with a ready `Response`; boxing it buys nothing here.
 #![allow(clippy::result_large_err)]
@@ -207,7 +207,7 @@ pub async fn start(
         if let Err(e) = result {
             tracing::error!(error = %e, "rendezvous service failed");
         }
-        hub.close_all();
+        hub.close_all(Duration::from_secs(1)).await;
         sweeper.abort();
     });
     Ok(RunningRendezvous {

@@ -62,6 +62,8 @@ struct SocketHandle {
     id: u64,
     tx: mpsc::Sender<Out>,
     kill: CancellationToken,
+    /// Cancelled once the writer has finished (its close frame, if any, is written).
+    written: CancellationToken,
 }
 
 impl SocketHandle {
@@ -316,19 +318,20 @@ impl Hub {
         let (sink, stream) = socket.split();
         let (tx, rx) = mpsc::channel(SOCKET_QUEUE);
         let kill = CancellationToken::new();
+        let written = CancellationToken::new();
         let last_pong = Arc::new(Mutex::new(Instant::now()));
         let handle = SocketHandle {
             id: self.next_socket.fetch_add(1, Ordering::Relaxed),
             tx,
             kill: kill.clone(),
+            written: written.clone(),
         };
-        tokio::spawn(write_loop(
-            sink,
-            rx,
-            kill,
-            Arc::clone(&last_pong),
-            self.timing,
-        ));
+        let timing = self.timing;
+        let last = Arc::clone(&last_pong);
+        tokio::spawn(async move {
+            write_loop(sink, rx, kill, last, timing).await;
+            written.cancel();
+        });
         (handle, stream, last_pong)
     }
 
@@ -370,7 +373,13 @@ impl Hub {
                     handle.close(1003);
                     break;
                 }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Err(e)) => {
+                    if is_too_big(e) {
+                        handle.close(1009);
+                    }
+                    break;
+                }
+                Some(Ok(Message::Close(_))) | None => break,
                 Some(Ok(_)) => continue,
             };
             let Some(frame) = decode_valid(&bytes) else {
@@ -471,7 +480,13 @@ impl Hub {
                     handle.close(1003);
                     break;
                 }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Err(e)) => {
+                    if is_too_big(e) {
+                        handle.close(1009);
+                    }
+                    break;
+                }
+                Some(Ok(Message::Close(_))) | None => break,
                 Some(Ok(_)) => continue,
             };
             let Some(frame) = decode_valid(&bytes) else {
@@ -657,20 +672,36 @@ impl Hub {
         }
     }
 
-    /// Closes every socket (service shutdown).
-    pub fn close_all(&self) {
-        let envs = self.lock();
-        for env in envs.values() {
-            if let Some(e) = &env.executor {
-                e.close(1001);
-            }
-            for route in env.routes.values() {
-                if let Some(h) = &route.harness {
-                    h.close(1001);
+    /// Closes every socket with 1001 (service shutdown) and waits, up to `drain`, until
+    /// their close frames are written.
+    pub async fn close_all(&self, drain: Duration) {
+        let mut written = Vec::new();
+        {
+            let envs = self.lock();
+            for env in envs.values() {
+                let harnesses = env.routes.values().filter_map(|r| r.harness.as_ref());
+                for socket in env.executor.iter().chain(harnesses) {
+                    socket.close(1001);
+                    written.push(socket.written.clone());
                 }
             }
         }
+        let _ = tokio::time::timeout(drain, async {
+            for socket in written {
+                socket.cancelled().await;
+            }
+        })
+        .await;
     }
+}
+
+/// A message or frame above 256 KiB (§2.5 row 2): the socket is closed with 1009.
+fn is_too_big(error: axum::Error) -> bool {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    matches!(
+        error.into_inner().downcast_ref::<WsError>(),
+        Some(WsError::Capacity(_))
+    )
 }
 
 /// Decodes and validates rows 3–9 of §2.5; `None` for a frame the router drops.
@@ -678,6 +709,27 @@ fn decode_valid(bytes: &[u8]) -> Option<proto::RelayMessageFrame> {
     let frame = proto::decode(bytes).ok()?;
     proto::validate(&frame).ok()?;
     Some(frame)
+}
+
+/// Writes what is already queued for a socket that is being killed, ending with its
+/// close frame if one was queued.
+async fn flush_queued(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    rx: &mut mpsc::Receiver<Out>,
+) {
+    while let Ok(out) = rx.try_recv() {
+        let message = match out {
+            Out::Frame(bytes) => Message::Binary(bytes),
+            Out::Close(code) => Message::Close(Some(CloseFrame {
+                code,
+                reason: "".into(),
+            })),
+        };
+        let last = matches!(message, Message::Close(_));
+        if sink.send(message).await.is_err() || last {
+            return;
+        }
+    }
 }
 
 async fn write_loop(
@@ -693,7 +745,11 @@ async fn write_loop(
     loop {
         let pong_deadline = unanswered.map(|t| t + timing.pong_timeout);
         tokio::select! {
-            _ = kill.cancelled() => break,
+            _ = kill.cancelled() => {
+                // A socket closed right after `close(code)` still tells its peer why.
+                flush_queued(&mut sink, &mut rx).await;
+                break;
+            }
             out = rx.recv() => match out {
                 Some(Out::Frame(bytes)) => {
                     if sink.send(Message::Binary(bytes)).await.is_err() {
