@@ -91,12 +91,64 @@ pub(crate) async fn call(conn: &mut impl Rpc, id: i64, method: &str, params: Val
     reply["result"].take()
 }
 
-/// Decoded length of a base64 string.
-pub fn decoded_len(text: &str) -> usize {
+/// Decodes base64 into `buf` (reused across calls) and returns the decoded length.
+pub fn decode_into(text: &str, buf: &mut Vec<u8>) -> usize {
+    buf.clear();
     base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .expect("base64")
-        .len()
+        .decode_vec(text, buf)
+        .expect("base64");
+    buf.len()
+}
+
+/// The members of a server message the measurements look at, borrowed from the text so a
+/// large chunk is never copied by the client (the client's cost is not what is measured).
+#[derive(serde::Deserialize)]
+struct ServerMessage<'a> {
+    #[serde(default)]
+    id: Option<i64>,
+    #[serde(default, borrow)]
+    method: Option<&'a str>,
+    #[serde(default, borrow)]
+    params: Option<Params<'a>>,
+    #[serde(default, borrow)]
+    result: Option<ResultData<'a>>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Params<'a> {
+    #[serde(borrow)]
+    process_id: &'a str,
+    #[serde(default, borrow)]
+    chunk: Option<&'a str>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResultData<'a> {
+    #[serde(default, borrow)]
+    data_base64: Option<&'a str>,
+}
+
+/// `fs/readFile` of `uri`: returns the decoded file length.
+pub(crate) async fn read_file_len(conn: &mut impl Rpc, id: i64, uri: &str) -> usize {
+    let request = json!({"id": id, "method": "fs/readFile", "params": {"path": uri}}).to_string();
+    conn.send_text(request).await;
+    let mut buf = Vec::new();
+    loop {
+        let text = conn.recv_text().await;
+        let message: ServerMessage<'_> = serde_json::from_str(&text).expect("JSON");
+        if message.id != Some(id) {
+            continue;
+        }
+        if let Some(error) = message.error {
+            panic!("fs/readFile failed: {error}");
+        }
+        let data = message.result.and_then(|r| r.data_base64).expect("dataBase64");
+        return decode_into(data, &mut buf);
+    }
 }
 
 /// Starts `argv` as process `process_id` and returns the decoded output byte count once
@@ -111,17 +163,19 @@ pub(crate) async fn run_process(
     let start = json!({"id": -2, "method": "process/start", "params": params}).to_string();
     conn.send_text(start).await;
     let mut bytes = 0u64;
+    let mut buf = Vec::new();
     loop {
-        let message: Value = serde_json::from_str(&conn.recv_text().await).expect("JSON");
-        if let Some(error) = message.get("error") {
+        let text = conn.recv_text().await;
+        let message: ServerMessage<'_> = serde_json::from_str(&text).expect("JSON");
+        if let Some(error) = message.error {
             panic!("process/start failed: {error}");
         }
-        if message["params"]["processId"] != process_id {
+        let Some(params) = message.params.filter(|p| p.process_id == process_id) else {
             continue;
-        }
-        match message["method"].as_str() {
+        };
+        match message.method {
             Some("process/output") => {
-                bytes += decoded_len(message["params"]["chunk"].as_str().expect("chunk")) as u64;
+                bytes += decode_into(params.chunk.expect("chunk"), &mut buf) as u64;
             }
             Some("process/closed") => return bytes,
             _ => {}

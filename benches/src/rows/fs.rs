@@ -2,8 +2,6 @@
 
 use std::time::Instant;
 
-use serde_json::json;
-
 use crate::report::{Row, Unit};
 use crate::target::WsProcess;
 use crate::wire;
@@ -25,8 +23,7 @@ pub async fn read_file() -> Row {
     wire::handshake(&mut ws).await;
     let uri = format!("file://{}", path.display());
     let started = Instant::now();
-    let result = wire::call(&mut ws, 1, "fs/readFile", json!({"path": uri})).await;
-    let served = wire::decoded_len(result["dataBase64"].as_str().expect("data"));
+    let served = wire::read_file_len(&mut ws, 1, &uri).await;
     let rate = served as f64 / started.elapsed().as_secs_f64();
     assert_eq!(served, bytes);
     let _ = std::fs::remove_dir_all(&dir);
