@@ -161,6 +161,9 @@ pub fn open_listeners(
     Ok(listeners)
 }
 
+/// How long shutdown waits for listeners to close their connections.
+const LISTENER_SHUTDOWN_WAIT: Duration = Duration::from_secs(6);
+
 /// Binds every listener, announces the WebSocket addresses, serves until shutdown begins
 /// (a signal, `shutdown`, or the end of stdio), then shuts down per PROTOCOL §1.5.
 pub async fn run(
@@ -195,8 +198,9 @@ pub async fn run(
         _ = server.shutdown.cancelled() => {}
     }
     server.begin_shutdown();
-    // Listeners stop on the cancelled token; give them a moment to close their sockets.
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+    // Listeners stop on the cancelled token. A relay stream flushes for up to 5 s before
+    // it resets (RELAY.md §5.10), so wait a little longer than that, and no more.
+    let _ = tokio::time::timeout(LISTENER_SHUTDOWN_WAIT, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
