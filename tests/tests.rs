@@ -12,4 +12,5 @@ mod handshake;
 mod process;
 mod relay;
 mod sandbox;
+mod search;
 mod websocket;

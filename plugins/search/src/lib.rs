@@ -1,0 +1,48 @@
+//! The `search/*` plugin: text search over a directory tree, with results streamed as
+//! notifications. Built on ripgrep's library crates — `ignore` walks (honouring
+//! `.gitignore` and include/exclude globs), `grep-searcher` reads and `grep-regex` matches —
+//! and written only against the public plugin API.
+//!
+//! * `wire` — method names, params, results, notifications and their error constructors.
+//! * `config` — the `[search]` table: result, concurrency, line and file-size limits.
+//! * `start` — `search/start`: validation, the sandbox decision, and the forwarding task
+//!   that turns matches into notifications with back-pressure.
+//! * `cancel` — `search/cancel`.
+//! * `table` — the searches of one session, by `searchId`.
+//! * `engine` — the walk and the search, on a blocking thread.
+//! * `line` — a matched line as sent: decoded, cut, offsets mapped.
+
+mod cancel;
+mod config;
+mod engine;
+mod line;
+mod start;
+mod table;
+mod wire;
+
+use std::sync::Arc;
+
+use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
+
+pub use config::SearchConfig;
+pub use wire::{CANCEL, DONE, FAMILY_LABEL, MATCH, START};
+
+exec_server_core::inventory::submit! {
+    Plugin {
+        name: "search",
+        summary: "text search over a tree, streamed as notifications (search/start, search/cancel)",
+        methods: &[
+            MethodDecl { name: START, family: FAMILY_LABEL },
+            MethodDecl { name: CANCEL, family: FAMILY_LABEL },
+        ],
+        config: Some(checked_section::<SearchConfig>),
+        install,
+    }
+}
+
+fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
+    let config: Arc<SearchConfig> = Arc::new(install.checked_config()?);
+    install.method_with(START, &config, start::handle);
+    install.method(CANCEL, cancel::handle);
+    Ok(())
+}

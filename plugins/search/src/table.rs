@@ -1,0 +1,164 @@
+//! The searches of one session, by `searchId`: what makes ids unique while a search runs,
+//! bounds how many run at once, and lets `search/cancel` and the session's end stop them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use exec_server_core::proto::RpcError;
+use exec_server_core::SessionState;
+use tokio_util::sync::CancellationToken;
+
+use crate::wire::{search_already_running, too_many_searches};
+
+/// One registered search. It stays in the table until its `search/done` is queued (or
+/// could not be sent), so its id is not reused while notifications for it may still come.
+#[derive(Debug, Default)]
+pub(crate) struct RunningSearch {
+    /// Cancelled by `search/cancel`, by the session's end, or when a notification could
+    /// not be delivered; the search thread and the forwarding task both watch it.
+    pub(crate) stop: CancellationToken,
+    /// Set once the search thread has returned and only `search/done` is left to send:
+    /// the search no longer counts against `search.max_concurrent_searches`, and a
+    /// `search/start` reusing its id waits for `done_queued` instead of being refused.
+    finishing: AtomicBool,
+    /// Cancelled after `search/done` was queued (or could not be sent) and the entry was
+    /// removed; `search/cancel` waits for it.
+    pub(crate) done_queued: CancellationToken,
+}
+
+impl RunningSearch {
+    pub(crate) fn set_finishing(&self) {
+        self.finishing.store(true, Ordering::SeqCst);
+    }
+
+    fn is_finishing(&self) -> bool {
+        self.finishing.load(Ordering::SeqCst)
+    }
+}
+
+/// Session state: the session's searches.
+#[derive(Debug, Default)]
+pub(crate) struct SessionSearches {
+    running: Mutex<HashMap<String, Arc<RunningSearch>>>,
+}
+
+impl SessionState for SessionSearches {
+    /// Nobody can receive the results any more: stop every search.
+    fn session_ended(&self) {
+        for search in self.lock().values() {
+            search.stop.cancel();
+        }
+    }
+}
+
+impl SessionSearches {
+    /// Registers `search_id`, refusing an id that is running and a search beyond `limit`.
+    /// An id whose search has ended but whose `search/done` is still being queued is
+    /// waited for: a client may reuse an id as soon as it has seen `search/done`.
+    pub(crate) async fn register(
+        &self,
+        search_id: &str,
+        limit: usize,
+    ) -> Result<Arc<RunningSearch>, RpcError> {
+        loop {
+            let finishing = {
+                let mut running = self.lock();
+                match running.get(search_id) {
+                    Some(search) if search.is_finishing() => Arc::clone(search),
+                    Some(_) => return Err(search_already_running(search_id)),
+                    None => {
+                        let active = running.values().filter(|s| !s.is_finishing()).count();
+                        if active >= limit {
+                            return Err(too_many_searches(limit));
+                        }
+                        let search = Arc::new(RunningSearch::default());
+                        running.insert(search_id.to_owned(), Arc::clone(&search));
+                        return Ok(search);
+                    }
+                }
+            };
+            finishing.done_queued.cancelled().await;
+        }
+    }
+
+    /// The search registered as `search_id`, if any.
+    pub(crate) fn get(&self, search_id: &str) -> Option<Arc<RunningSearch>> {
+        self.lock().get(search_id).cloned()
+    }
+
+    /// Removes `search` (and only that search, should its id have been reused since),
+    /// then wakes whoever waits for its `search/done`.
+    pub(crate) fn finish(&self, search_id: &str, search: &Arc<RunningSearch>) {
+        {
+            let mut running = self.lock();
+            if running
+                .get(search_id)
+                .is_some_and(|current| Arc::ptr_eq(current, search))
+            {
+                running.remove(search_id);
+            }
+        }
+        search.done_queued.cancel();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RunningSearch>>> {
+        self.running.lock().expect("search table lock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn ids_are_unique_while_running_and_free_after_done() {
+        let table = SessionSearches::default();
+        let first = table.register("a", 2).await.unwrap();
+        assert_eq!(
+            table.register("a", 2).await.unwrap_err(),
+            search_already_running("a")
+        );
+        table.finish("a", &first);
+        assert!(first.done_queued.is_cancelled());
+        assert!(table.get("a").is_none());
+        table.register("a", 2).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_limit_counts_searches_that_still_run() {
+        let table = SessionSearches::default();
+        let a = table.register("a", 1).await.unwrap();
+        assert_eq!(
+            table.register("b", 1).await.unwrap_err(),
+            too_many_searches(1)
+        );
+        a.set_finishing();
+        table.register("b", 1).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn reusing_a_finishing_id_waits_for_its_done() {
+        let table = Arc::new(SessionSearches::default());
+        let first = table.register("a", 4).await.unwrap();
+        first.set_finishing();
+        let waiter = tokio::spawn({
+            let table = Arc::clone(&table);
+            async move { table.register("a", 4).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        table.finish("a", &first);
+        waiter.await.unwrap().unwrap();
+        assert!(!Arc::ptr_eq(&table.get("a").unwrap(), &first));
+    }
+
+    #[tokio::test]
+    async fn the_session_end_stops_every_search() {
+        let table = SessionSearches::default();
+        let a = table.register("a", 4).await.unwrap();
+        let b = table.register("b", 4).await.unwrap();
+        table.session_ended();
+        assert!(a.stop.is_cancelled() && b.stop.is_cancelled());
+    }
+}
