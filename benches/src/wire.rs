@@ -146,7 +146,10 @@ pub(crate) async fn read_file_len(conn: &mut impl Rpc, id: i64, uri: &str) -> us
         if let Some(error) = message.error {
             panic!("fs/readFile failed: {error}");
         }
-        let data = message.result.and_then(|r| r.data_base64).expect("dataBase64");
+        let data = message
+            .result
+            .and_then(|r| r.data_base64)
+            .expect("dataBase64");
         return decode_into(data, &mut buf);
     }
 }
