@@ -21,6 +21,11 @@ use crate::proto::{
 
 /// Records a sender may have beyond `peer_ack` (§5.6).
 pub const WINDOW_RECORDS: u32 = 32;
+/// New records after which the receiver acknowledges at once instead of waiting for the
+/// delayed ack. The 20 ms delay of §5.4 is an upper bound; a bulk sender that had to wait
+/// for it would stall on a full window (32 records per 20 ms), so a quarter window of new
+/// records is acknowledged immediately, keeping the window open.
+pub const ACK_EVERY_RECORDS: u32 = WINDOW_RECORDS / 4;
 /// Ciphertext bytes a sender may have unacknowledged (§5.6).
 pub const WINDOW_BYTES: usize = 2 * 1024 * 1024;
 /// Highest usable sequence number (§5.1).
@@ -198,6 +203,8 @@ pub struct ReliableStream {
     inbound_bytes: usize,
     ack_deadline: Option<Instant>,
     ack_now: bool,
+    /// New records received since our last frame carried an ack ([`ACK_EVERY_RECORDS`]).
+    received_since_ack: u32,
     last_sent_any: Instant,
 
     // Resume.
@@ -256,6 +263,7 @@ impl ReliableStream {
             inbound_bytes: 0,
             ack_deadline: None,
             ack_now: false,
+            received_since_ack: 0,
             last_sent_any: now,
             resume_to_send: 0,
             resume_request: None,
@@ -459,7 +467,8 @@ impl ReliableStream {
         }
         self.reorder.insert(seq, payload);
         self.highest_received = self.highest_received.max(seq);
-        if seq != self.delivered + 1 {
+        self.received_since_ack += 1;
+        if seq != self.delivered + 1 || self.received_since_ack >= ACK_EVERY_RECORDS {
             self.ack_now = true;
         }
         self.deliver(now)?;
@@ -705,6 +714,7 @@ impl ReliableStream {
         if !frames.is_empty() {
             self.ack_now = false;
             self.ack_deadline = None;
+            self.received_since_ack = 0;
             self.last_sent_any = now;
         }
         if !self.connected {

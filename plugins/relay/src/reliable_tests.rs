@@ -285,6 +285,25 @@ fn acknowledgement_timing() {
 }
 
 #[test]
+fn a_quarter_window_of_new_records_is_acknowledged_at_once() {
+    let t0 = Instant::now();
+    let (mut h, mut e) = pair(t0);
+    let frames = records(&mut h, 2 * ACK_EVERY_RECORDS as usize, t0);
+    for (i, frame) in frames.iter().enumerate() {
+        e.handle_frame(frame, t0).unwrap();
+        let out = e.poll_transmit(t0).unwrap();
+        if (i + 1) % ACK_EVERY_RECORDS as usize == 0 {
+            // A bulk sender never waits the 20 ms delay with a full window.
+            assert_eq!(kinds(&out), ["ack_frame"], "after record {}", i + 1);
+            assert_eq!(out[0].ack, i as u32 + 1);
+        } else {
+            assert!(out.is_empty(), "after record {}: {:?}", i + 1, kinds(&out));
+        }
+    }
+    assert_eq!(drain(&mut e, t0).len(), frames.len());
+}
+
+#[test]
 fn acks_before_the_handshake_completes_are_not_applied() {
     // The machine exists only after the handshake; the connection code drops ack fields of
     // earlier frames. Here: a fresh machine has sent nothing, so ack 9 is an error, which
