@@ -1,8 +1,9 @@
 //! The exec-server benchmark harness.
 //!
-//! `cargo run --release -p exec-server-bench -- [--quick] [--json]` measures exec-server and,
-//! in the same run, the machine's own floor for the same work (a bare echo server, a raw
-//! pipe, a raw spawn), then prints one table (or one JSON object keyed by row).
+//! `cargo run --release -p exec-server-bench -- [--quick] [--json] [--only ROW,…]` measures
+//! exec-server and, in the same run, the machine's own floor for the same work (a bare echo
+//! server, a raw pipe, a raw spawn), then prints one table (or one JSON object keyed by
+//! row).
 //!
 //! * [`report`] — rows, the table and the JSON output.
 //! * [`floors`] — the bare servers floors are measured against (this binary re-executed).
@@ -55,15 +56,25 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: exec-server-bench [--quick] [--json]");
+        println!("usage: exec-server-bench [--quick] [--json] [--only ROW[,ROW…]]");
         return;
     }
+    // `--only read_file,spawn` runs just those rows (for profiling one path).
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|list| list.split(',').map(str::to_owned).collect());
+    let wanted = |key: &str| {
+        only.as_ref()
+            .is_none_or(|keys| keys.iter().any(|k| k == key))
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     let budget = Budget::new(quick);
-    let rows = runtime.block_on(rows::run_all(budget));
+    let rows = runtime.block_on(rows::run_all(budget, wanted));
     if json {
         println!("{}", report::to_json(&rows));
     } else {

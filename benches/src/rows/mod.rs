@@ -11,23 +11,52 @@ mod stats;
 use crate::report::Row;
 use crate::Budget;
 
-/// Runs every row and returns them in table order.
-pub async fn run_all(budget: Budget) -> Vec<Row> {
+/// Runs every row `wanted` accepts and returns them in table order. The relay rows need
+/// `rtt_ws` and `pipe_out` as their floors, so those run whenever a relay row is wanted.
+pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> {
+    let relay = wanted("rtt_relay") || wanted("relay_out");
     let mut rows = Vec::new();
-    let rtt_ws = rtt::rtt_ws(budget).await;
-    let rtt_ws_median = rtt_ws.median;
-    rows.push(rtt_ws);
-    rows.push(rtt::rtt_stdio(budget).await);
-    rows.extend(rps::rps_ws(budget).await);
-    rows.push(process::spawn(budget).await);
-    let pipe_out = process::pipe_out().await;
-    let pipe_out_rate = pipe_out.median;
-    rows.push(pipe_out);
-    rows.push(process::pty_out().await);
-    rows.push(fs::read_file().await);
-    rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
-    rows.push(memory::rss_idle().await);
-    rows.push(memory::rss_per_conn(budget).await);
-    rows.push(process::rss_per_proc(budget).await);
+    let mut rtt_ws_median = 0.0;
+    if wanted("rtt_ws") || relay {
+        let row = rtt::rtt_ws(budget).await;
+        rtt_ws_median = row.median;
+        rows.push(row);
+    }
+    if wanted("rtt_stdio") {
+        rows.push(rtt::rtt_stdio(budget).await);
+    }
+    if ["rps_ws_1", "rps_ws_8", "rps_ws_64"]
+        .iter()
+        .any(|k| wanted(k))
+    {
+        rows.extend(rps::rps_ws(budget).await);
+    }
+    if wanted("spawn") {
+        rows.push(process::spawn(budget).await);
+    }
+    let mut pipe_out_rate = 0.0;
+    if wanted("pipe_out") || relay {
+        let row = process::pipe_out().await;
+        pipe_out_rate = row.median;
+        rows.push(row);
+    }
+    if wanted("pty_out") {
+        rows.push(process::pty_out().await);
+    }
+    if wanted("read_file") {
+        rows.push(fs::read_file().await);
+    }
+    if relay {
+        rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
+    }
+    if wanted("rss_idle") {
+        rows.push(memory::rss_idle().await);
+    }
+    if wanted("rss_per_conn") {
+        rows.push(memory::rss_per_conn(budget).await);
+    }
+    if wanted("rss_per_proc") {
+        rows.push(process::rss_per_proc(budget).await);
+    }
     rows
 }

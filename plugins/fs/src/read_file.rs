@@ -5,6 +5,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use exec_server_core::proto::bytes::base64_json;
 use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
@@ -21,7 +22,7 @@ pub(crate) async fn handle(
     config: Arc<FsState>,
     _cx: Call,
     params: ReadFileParams,
-) -> Result<ReadFileResult<Base64Bytes>, RpcError> {
+) -> Result<ReadFileResult<Box<RawValue>>, RpcError> {
     let operation = ReadFile {
         path: host_path(&params.path)?,
         follow_symlinks: params.follow_symlinks.unwrap_or(true),
@@ -34,9 +35,10 @@ pub(crate) async fn handle(
         params.sandbox_policy.as_ref(),
     )
     .await?;
-    Ok(ReadFileResult {
-        data_base64: Base64Bytes(data),
-    })
+    // Encoding a large file takes tens of milliseconds: do it off the reactor threads too,
+    // so the answer is only copied, never computed, where other connections are served.
+    let data_base64 = crate::blocking::run(move || Ok(base64_json(&data))).await?;
+    Ok(ReadFileResult { data_base64 })
 }
 
 /// `fs/readFile` with its defaults applied.
