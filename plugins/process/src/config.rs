@@ -19,7 +19,7 @@ pub struct ProcessConfig {
     pub closed_retention_ms: u64,
     /// Remembered `writeId`s per process (§4.7).
     pub write_id_history: usize,
-    /// Maximum bytes per output chunk (§4.3).
+    /// Maximum bytes per output chunk (§4.3): the size of one read from the child.
     pub output_chunk_bytes: usize,
 }
 
@@ -31,7 +31,13 @@ impl Default for ProcessConfig {
             retained_output_chunks: 50_000,
             closed_retention_ms: 30_000,
             write_id_history: 4_096,
-            output_chunk_bytes: 8_192,
+            // 64 KiB rather than the protocol document's 8 KiB, chosen by measurement
+            // (exec-server-bench, same run, 2 cores): 256 MiB from `head -c` reached a
+            // websocket client at 523 MiB/s with 8 KiB chunks and 701 MiB/s with 64 KiB
+            // (0.33 -> 0.48 of reading the pipe directly); through the relay 175 -> 341
+            // MiB/s. A pipe holds 64 KiB, so one read takes what the child wrote; reads never
+            // wait for a full chunk, so interactive output is not delayed.
+            output_chunk_bytes: 65_536,
         }
     }
 }
