@@ -263,7 +263,15 @@ async fn write_messages(
         tokio::select! {
             frame = rx.recv() => match frame {
                 Some(frame) => {
-                    if sink.send(Message::Text(frame.into())).await.is_err() {
+                    // Queue everything already waiting, then flush once: a burst of
+                    // notifications costs one write instead of one per message.
+                    let mut batch = Some(frame);
+                    while let Some(frame) = batch.take().or_else(|| rx.try_recv().ok()) {
+                        if sink.feed(Message::Text(frame.into())).await.is_err() {
+                            return;
+                        }
+                    }
+                    if sink.flush().await.is_err() {
                         return;
                     }
                 }
