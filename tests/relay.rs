@@ -648,53 +648,6 @@ async fn wrong_executor_key_and_invalid_authorization_are_rejected() {
     }
 }
 
-/// Relay round-trip time and throughput against the local WebSocket, same run.
-/// `cargo test --release --test tests relay::measure -- --ignored --nocapture`
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore]
-async fn measure_relay_against_local_websocket() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("blob.bin");
-    std::fs::write(&path, vec![b'x'; 8 * 1024 * 1024]).unwrap();
-    let uri = format!("file://{}", path.display());
-    let rounds = 500;
-
-    let rdv = start_rendezvous(None).await;
-    let _executor = start_executor(&rdv.url, "env-measure");
-    let mut relay = RelayClient::open(harness_args(&rdv.url, "env-measure")).await;
-    let start = std::time::Instant::now();
-    for _ in 0..rounds {
-        relay.call("environment/status", json!({})).await;
-    }
-    let relay_rtt = start.elapsed() / rounds;
-    let start = std::time::Instant::now();
-    relay.call("fs/readFile", json!({"path": uri})).await;
-    let relay_secs = start.elapsed().as_secs_f64();
-
-    let ws = crate::util::WsServer::start(&[]).await;
-    let mut local = ws.connect_initialized().await;
-    let start = std::time::Instant::now();
-    for _ in 0..rounds {
-        local.call("environment/status", json!({})).await;
-    }
-    let ws_rtt = start.elapsed() / rounds;
-    let start = std::time::Instant::now();
-    local.call("fs/readFile", json!({"path": uri})).await;
-    let ws_secs = start.elapsed().as_secs_f64();
-
-    // The answer is base64: 8 MiB of file is ~10.7 MiB on the wire.
-    let mib = 8.0;
-    println!(
-        "round trip: relay {relay_rtt:?}, websocket {ws_rtt:?}, added {:?}",
-        relay_rtt.saturating_sub(ws_rtt)
-    );
-    println!(
-        "fs/readFile 8 MiB: relay {:.1} MiB/s, websocket {:.1} MiB/s",
-        mib / relay_secs,
-        mib / ws_secs
-    );
-}
-
 // ---- raw sockets and registry calls ---------------------------------------------------
 
 type RawWs =

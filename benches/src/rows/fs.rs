@@ -38,3 +38,47 @@ pub async fn read_file() -> Row {
         met: rate >= 0.4 * floor,
     }
 }
+
+/// A small `fs/writeFile` under a restricting sandbox (helper process, Landlock, seccomp)
+/// against the same write without one, same server, interleaved.
+pub async fn sandbox_write(budget: crate::Budget) -> Row {
+    use serde_json::json;
+
+    let dir = std::env::temp_dir().join(format!("exec-server-bench-sbx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let target = format!("file://{}/m.txt", dir.display());
+    let sandbox = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+        {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+        {"path": {"type": "path", "path": format!("file://{}", dir.display())}, "access": "write"}
+    ]}}});
+    let server = WsProcess::exec_server(&[]).await;
+    let mut ws = wire::ws_connect(&server.url).await;
+    wire::handshake(&mut ws).await;
+    let runs = budget.round_trips / 20;
+    let mut plain = Vec::with_capacity(runs);
+    let mut sandboxed = Vec::with_capacity(runs);
+    for i in 0..=runs as i64 {
+        for (samples, sandbox) in [(&mut plain, json!(null)), (&mut sandboxed, sandbox.clone())] {
+            let params = json!({"path": target, "dataBase64": "cGF5bG9hZAo=", "sandbox": sandbox});
+            let started = Instant::now();
+            wire::call(&mut ws, 2 * i + 10, "fs/writeFile", params).await;
+            // The first round warms both paths up.
+            if i > 0 {
+                samples.push(started.elapsed());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let (median, p99) = super::stats::median_p99(&mut sandboxed);
+    let (floor, _) = super::stats::median_p99(&mut plain);
+    Row {
+        key: "sandbox_write",
+        what: "sandboxed fs/writeFile (helper + Landlock + seccomp) vs unsandboxed",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor),
+        target: "(reported)",
+        met: true,
+    }
+}
