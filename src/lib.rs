@@ -12,8 +12,22 @@
 //! ```
 //!
 //! * [`cli`] — the command line.
+//! * [`helpers`] — the hidden helpers a host binary dispatches before anything else.
 
 pub mod cli;
+
+/// Hidden helpers (SANDBOX.md §9): the same binary re-executed with a sentinel `argv[1]`
+/// becomes the sandboxed fs helper or the sandbox launcher. [`main`] dispatches them first;
+/// a host binary that embeds exec-server calls [`helpers::dispatch_hidden_helper`] (or the
+/// entry functions directly) at the very start of its own `main`, before it loads
+/// configuration, sets up logging or starts threads.
+pub mod helpers {
+    pub use exec_server_core::helpers::{dispatch_hidden_helper, hidden_helpers, HiddenHelper};
+    pub use exec_server_fs::run_fs_helper_main;
+    pub use exec_server_sandbox::{
+        run_sandbox_exec_main, SandboxRuntime, FS_HELPER_ARG1, SANDBOX_EXEC_ARG1,
+    };
+}
 
 use std::process::ExitCode;
 use std::sync::Arc;
