@@ -889,3 +889,37 @@ async fn sandboxed_processes_have_no_network_unless_enabled() {
     assert_eq!(exited["exitCode"], 0, "{output}");
     assert!(output.contains("connected"));
 }
+
+// ---- §2.10 server additions -----------------------------------------------------------------
+
+#[tokio::test]
+async fn the_servers_own_config_file_is_denied_to_every_sandbox() {
+    if !landlock_available() {
+        return;
+    }
+    let (mut client, config) =
+        client_with_config("[websocket]\nbearer_token = \"do-not-leak\"\n").await;
+    let path = config.to_str().unwrap().to_owned();
+    // Without a sandbox the server's user may read it; a sandbox that grants reading the
+    // whole disk still may not, because it holds the server's secrets.
+    let plain = client.call("fs/readFile", json!({"path": path})).await;
+    assert!(String::from_utf8(b64decode(&plain["dataBase64"]))
+        .unwrap()
+        .contains("do-not-leak"));
+    let tree = Tree::new();
+    let error = client
+        .call_err(
+            "fs/readFile",
+            json!({"path": path, "sandbox": default_policy(&tree)}),
+        )
+        .await;
+    assert_denied(&error);
+    // Metadata is read access too.
+    let error = client
+        .call_err(
+            "fs/getMetadata",
+            json!({"path": path, "sandbox": default_policy(&tree)}),
+        )
+        .await;
+    assert_denied(&error);
+}

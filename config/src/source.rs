@@ -71,6 +71,9 @@ impl Provider for CliOverrides {
 #[derive(Debug, Clone)]
 pub struct ConfigSource {
     figment: Figment,
+    /// The `--config` file, if one was read: it may hold secrets (tokens), so sandboxes deny
+    /// access to it.
+    config_file: Option<PathBuf>,
 }
 
 impl ConfigSource {
@@ -99,13 +102,29 @@ impl ConfigSource {
             );
         }
         figment = figment.merge(cli);
-        Ok(Self { figment })
+        let config_file =
+            config_file.map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()));
+        Ok(Self {
+            figment,
+            config_file,
+        })
+    }
+
+    /// The configuration file that was read, if any (canonical path).
+    pub fn config_file(&self) -> Option<&Path> {
+        self.config_file.as_deref()
+    }
+
+    /// The string value of `key` if some layer sets it, e.g. a `*_file` setting.
+    pub fn string_value(&self, key: &str) -> Option<String> {
+        self.figment.extract_inner::<String>(key).ok()
     }
 
     /// A source made of one TOML text (tests and examples).
     pub fn from_toml_str(toml_text: &str) -> Self {
         Self {
             figment: Figment::new().merge(Toml::string(toml_text)),
+            config_file: None,
         }
     }
 

@@ -32,6 +32,28 @@ pub struct SandboxRuntime {
     max_request_bytes: u64,
     fs_runner: FsHelperRunner,
     ignored_kinds: IgnoredKindLog,
+    /// Files that hold the server's own secrets, denied to every sandbox (§2.10).
+    secret_files: Vec<PathBuf>,
+}
+
+/// Keys whose value names a file holding a secret (a token or a key).
+const SECRET_FILE_KEYS: &[&str] = &["relay.token_file", "rendezvous.signing_key_file"];
+
+/// The configuration file the server read and every secret file its configuration names
+/// (SANDBOX.md §2.10), canonical where they exist.
+fn secret_files(source: &ConfigSource) -> Vec<PathBuf> {
+    let named = SECRET_FILE_KEYS
+        .iter()
+        .filter_map(|key| source.string_value(key))
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from);
+    source
+        .config_file()
+        .map(Path::to_path_buf)
+        .into_iter()
+        .chain(named)
+        .map(|path| std::fs::canonicalize(&path).unwrap_or(path))
+        .collect()
 }
 
 impl SandboxRuntime {
@@ -40,10 +62,9 @@ impl SandboxRuntime {
         source: &ConfigSource,
         max_message_bytes: usize,
     ) -> Result<Self, ConfigError> {
-        Ok(Self::new(
-            SandboxConfig::from_source(source)?,
-            max_message_bytes,
-        ))
+        let mut runtime = Self::new(SandboxConfig::from_source(source)?, max_message_bytes);
+        runtime.secret_files = secret_files(source);
+        Ok(runtime)
     }
 
     pub fn new(config: SandboxConfig, max_message_bytes: usize) -> Self {
@@ -64,6 +85,7 @@ impl SandboxRuntime {
                 config.max_concurrent_helpers,
             ),
             ignored_kinds: IgnoredKindLog::default(),
+            secret_files: Vec::new(),
             config,
         };
         let configured = runtime.config.helper_executable.clone();
@@ -137,7 +159,7 @@ impl SandboxRuntime {
             target,
             helper_executable: self.resolved.clone(),
             tmpdir: std::env::var_os("TMPDIR"),
-            secret_files: Vec::new(),
+            secret_files: self.secret_files.clone(),
         }
     }
 
