@@ -148,6 +148,14 @@ fn print_methods(source: &ConfigSource, core: &CoreConfig) -> Result<(), Startup
         let state = if *enabled { "" } else { " (disabled)" };
         println!("plugin {}{state}: {}", plugin.name, plugin.summary);
     }
+    let mut sentinels: Vec<&str> = exec_server_core::helpers::hidden_helpers()
+        .map(|h| h.sentinel)
+        .collect();
+    sentinels.sort_unstable();
+    println!();
+    for sentinel in sentinels {
+        println!("hidden helper: exec-server {sentinel}");
+    }
     Ok(())
 }
 
