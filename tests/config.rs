@@ -217,6 +217,10 @@ fn methods_lists_the_registry_with_switches() {
         .find(|l| l.starts_with("environment/info "))
         .expect(&text);
     assert!(row.contains("environment") && row.contains("yes"), "{row}");
+    for sentinel in ["--codex-run-as-fs-helper", "--exec-server-sandbox-exec"] {
+        let line = format!("hidden helper: exec-server {sentinel}");
+        assert!(text.contains(&line), "{text}");
+    }
 
     let file = config_file("[methods]\ndisabled = [\"environment/status\"]\n");
     let out = run(&["methods", "--config", file.to_str().unwrap()], &[]);
