@@ -341,6 +341,18 @@ impl Service {
 }
 
 /// Reads the id and body of a registry call: 400 for a bad id or bad JSON, 413 above 64 KiB.
+/// The common start of every registry call: the caller's token, then the body.
+async fn authorized_call(
+    service: &Service,
+    headers: &HeaderMap,
+    role: TokenRole,
+    id: &str,
+    body: Body,
+) -> Result<Value, Response> {
+    service.authorize(headers, role, id)?;
+    read_call(id, body).await
+}
+
 async fn read_call(id: &str, body: Body) -> Result<Value, Response> {
     if let Err(problem) = check_environment_id(id) {
         return Err(error(
@@ -390,10 +402,7 @@ async fn register(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(r) = service.authorize(&headers, TokenRole::Executor, &id) {
-        return r;
-    }
-    let body = match read_call(&id, body).await {
+    let body = match authorized_call(&service, &headers, TokenRole::Executor, &id, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -460,10 +469,7 @@ async fn connect(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(r) = service.authorize(&headers, TokenRole::Harness, &id) {
-        return r;
-    }
-    let body = match read_call(&id, body).await {
+    let body = match authorized_call(&service, &headers, TokenRole::Harness, &id, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -515,10 +521,7 @@ async fn validate(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(r) = service.authorize(&headers, TokenRole::Executor, &id) {
-        return r;
-    }
-    let body = match read_call(&id, body).await {
+    let body = match authorized_call(&service, &headers, TokenRole::Executor, &id, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
