@@ -13,13 +13,13 @@ use tokio::io::AsyncWriteExt;
 use crate::util::*;
 
 /// `T` of §10: `T/allowed`, `T/outside` with `T/outside/secret.txt` = `secret`.
-struct Tree {
+pub(crate) struct Tree {
     _dir: tempfile::TempDir,
-    t: PathBuf,
+    pub(crate) t: PathBuf,
 }
 
 impl Tree {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("exec-server-sbx-")
             .tempdir()
@@ -31,14 +31,14 @@ impl Tree {
         Self { _dir: dir, t }
     }
 
-    fn path(&self, rel: &str) -> String {
+    pub(crate) fn path(&self, rel: &str) -> String {
         self.t.join(rel).to_str().unwrap().to_owned()
     }
 }
 
 /// True when this kernel offers Landlock; otherwise the test prints `SKIP` and passes,
 /// unless `EXEC_SERVER_REQUIRE_SANDBOX_TESTS=1`.
-fn landlock_available() -> bool {
+pub(crate) fn landlock_available() -> bool {
     // SAFETY: the version query takes no pointers.
     let abi = unsafe {
         libc::syscall(
@@ -59,32 +59,32 @@ fn landlock_available() -> bool {
     false
 }
 
-fn entry(path: &str, access: &str) -> Value {
+pub(crate) fn entry(path: &str, access: &str) -> Value {
     json!({"path": {"type": "path", "path": path}, "access": access})
 }
 
-fn root_read() -> Value {
+pub(crate) fn root_read() -> Value {
     json!({"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"})
 }
 
-fn managed(entries: Vec<Value>) -> Value {
+pub(crate) fn managed(entries: Vec<Value>) -> Value {
     json!({"permissions": {"type": "managed",
         "file_system": {"type": "restricted", "entries": entries},
         "network": "restricted"}})
 }
 
 /// Example policy of §10.3: `root: read`, `T/allowed: write`.
-fn default_policy(tree: &Tree) -> Value {
+pub(crate) fn default_policy(tree: &Tree) -> Value {
     managed(vec![root_read(), entry(&tree.path("allowed"), "write")])
 }
 
-async fn client() -> Client {
+pub(crate) async fn client() -> Client {
     let mut client = Client::stdio(&[]).await;
     client.handshake().await;
     client
 }
 
-async fn client_with_config(toml: &str) -> (Client, tempfile::TempPath) {
+pub(crate) async fn client_with_config(toml: &str) -> (Client, tempfile::TempPath) {
     let config = config_file(toml);
     let mut client = Client::stdio(&["--config", config.to_str().unwrap()]).await;
     client.handshake().await;
@@ -92,12 +92,12 @@ async fn client_with_config(toml: &str) -> (Client, tempfile::TempPath) {
 }
 
 #[track_caller]
-fn assert_denied(error: &Value) {
+pub(crate) fn assert_denied(error: &Value) {
     assert_eq!(error["code"], -32600, "{error}");
     assert_eq!(error["data"], json!({"sandboxDenied": true}), "{error}");
 }
 
-async fn write(
+pub(crate) async fn write(
     client: &mut Client,
     path: &str,
     data: &str,
@@ -730,7 +730,7 @@ async fn the_helper_itself_refuses_without_landlock() {
 // ---- §10.6 processes ----------------------------------------------------------------------
 
 /// Starts a sandboxed process and returns the start result.
-async fn start_sandboxed(
+pub(crate) async fn start_sandboxed(
     client: &mut Client,
     id: &str,
     argv: Value,
@@ -747,7 +747,7 @@ async fn start_sandboxed(
 }
 
 /// Output and the `process/exited` notification of `id`.
-async fn run_to_exit(client: &mut Client, id: &str) -> (String, Value) {
+pub(crate) async fn run_to_exit(client: &mut Client, id: &str) -> (String, Value) {
     let exited = client.notification("process/exited").await;
     assert_eq!(exited["processId"], id);
     let read = client

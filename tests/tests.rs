@@ -7,6 +7,7 @@ mod util;
 mod client;
 mod config;
 mod environment;
+mod escape;
 mod fs;
 mod handshake;
 mod process;

@@ -1,0 +1,1 @@
+//! Unauthenticated peers cannot exhaust the listeners: slow headers, stalled handshakes, floods.

@@ -1,0 +1,1 @@
+//! A sandboxed process keeps no capability, even when the server runs as root.
