@@ -5,10 +5,17 @@
 //!
 //! * [`signing`] — signed URLs, authorisations, registration ids.
 //! * `state` — registrations, routes and the routing rules of §8.6–§8.7.
+//! * `capacity` — the environments and harness sockets the service and each tenant hold.
+//! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
+//! * `refusal` — every limit as a refusal: status, error code, and a message naming the
+//!   configuration key to raise.
 
 // Handlers return early with a ready `Response`; boxing it buys nothing here.
 #![allow(clippy::result_large_err)]
 
+mod capacity;
+mod rate_limit;
+mod refusal;
 pub mod signing;
 mod state;
 
@@ -18,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -32,14 +39,15 @@ use crate::config::{RendezvousConfig, TokenRole};
 use crate::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
 use crate::proto::MAX_WS_MESSAGE_BYTES;
 use crate::registry::{check_environment_id, encode_segment, error_json};
+use capacity::{Capacity, TenantId};
+use rate_limit::{Limited, RateLimits};
+use refusal::Refusal;
 use signing::{key_hash, token_digest, AuthorizationClaims, SigningKey};
 pub use state::RouterTiming;
-use state::{Hub, SocketRole};
+use state::{Hub, SocketRole, UpgradeRefusal};
 
 /// Environment variable holding the base64 signing key (§8.4).
 pub const SIGNING_KEY_ENV: &str = "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY";
-/// Largest registry request body (§7.6).
-const MAX_REQUEST_BODY: usize = 64 * 1024;
 
 /// Command-line flags of `exec-server rendezvous` (§9.5).
 #[derive(Debug, Clone, Default)]
@@ -50,6 +58,7 @@ pub struct RendezvousArgs {
 
 struct TokenEntry {
     name: String,
+    tenant: TenantId,
     digest: [u8; 32],
     role: TokenRole,
     environments: Vec<String>,
@@ -63,6 +72,7 @@ pub struct Service {
     /// The public base URL with `http` replaced by `ws` (§8.4).
     ws_base: String,
     hub: Arc<Hub>,
+    limits: RateLimits,
 }
 
 /// A running service (tests and the CLI).
@@ -137,8 +147,9 @@ pub async fn start(
         tracing::warn!("plain HTTP on a non-loopback address: bearer tokens travel in clear");
     }
     let key = load_signing_key(&config)?;
+    let capacity = Capacity::new(&config);
     let mut tokens = Vec::new();
-    for t in &config.tokens {
+    for (index, t) in config.tokens.iter().enumerate() {
         let mut digest = [0u8; 32];
         for (i, byte) in digest.iter_mut().enumerate() {
             *byte = u8::from_str_radix(&t.sha256[i * 2..i * 2 + 2], 16)
@@ -146,6 +157,7 @@ pub async fn start(
         }
         tokens.push(TokenEntry {
             name: t.name.clone(),
+            tenant: capacity.tenant_of_token(index),
             digest,
             role: t.role,
             environments: t.environments.clone(),
@@ -172,13 +184,15 @@ pub async fn start(
         ));
     };
     tracing::info!(address = %local_addr, "rendezvous listening");
-    let hub = Hub::new(&config, timing);
+    let limits = RateLimits::new(&config, capacity.tenant_count());
+    let hub = Hub::new(&config, capacity, timing);
     let service = Arc::new(Service {
         config,
         key,
         tokens,
         ws_base,
         hub: Arc::clone(&hub),
+        limits,
     });
     let inner = axum::Router::new()
         .route("/cloud/environment/{id}/register", post(register))
@@ -201,9 +215,13 @@ pub async fn start(
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        let result = axum::serve(listener, app.into_make_service())
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
+        // Handlers read the peer address (per-address rate limits) from `ConnectInfo`.
+        let result = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "rendezvous service failed");
         }
@@ -269,6 +287,45 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
     response
 }
 
+/// A refused request: its JSON error body (§7.6) and its log line, both naming the limit
+/// and the key that raises it — never the token.
+fn refuse(refusal: &Refusal, caller: Option<&str>, environment: &str) -> Response {
+    refusal_log(refusal, caller, environment);
+    refusal_response(refusal)
+}
+
+fn refusal_response(refusal: &Refusal) -> Response {
+    let mut response = json(
+        refusal.status(),
+        &error_json(refusal.code(), &refusal.to_string()),
+    );
+    if let Some(secs) = refusal.retry_after_secs() {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+    }
+    response
+}
+
+/// `caller` is the tenant that made the request, when its token has been checked.
+fn refusal_log(refusal: &Refusal, caller: Option<&str>, environment: &str) {
+    tracing::warn!(
+        reason = refusal.code(),
+        limit = refusal.config_key(),
+        tenant = refusal.tenant().or(caller).unwrap_or("-"),
+        environment = %crate::proto::truncate_for_log(environment),
+        "request refused: {refusal}"
+    );
+}
+
+/// A request over a rate limit; only the first refusal of a run is logged.
+fn limited(limited: Limited, environment: &str) -> Response {
+    if limited.first {
+        refusal_log(&limited.refusal, None, environment);
+    }
+    refusal_response(&limited.refusal)
+}
+
 fn environment_matches(patterns: &[String], id: &str) -> bool {
     patterns.iter().any(|p| {
         p == "*"
@@ -279,8 +336,14 @@ fn environment_matches(patterns: &[String], id: &str) -> bool {
 }
 
 impl Service {
-    /// Bearer token check of §8.3: unknown → 401, wrong role or environment → 403.
-    fn authorize(&self, headers: &HeaderMap, needs: TokenRole, id: &str) -> Result<(), Response> {
+    /// Bearer token check of §8.3: unknown → 401, wrong role or environment → 403;
+    /// otherwise the caller's tenant.
+    fn authorize(
+        &self,
+        headers: &HeaderMap,
+        needs: TokenRole,
+        id: &str,
+    ) -> Result<&TokenEntry, Response> {
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -316,7 +379,7 @@ impl Service {
                 "this token does not allow this call",
             ));
         }
-        Ok(())
+        Ok(entry)
     }
 
     fn executor_url(&self, id: &str, reg: &str) -> String {
@@ -340,20 +403,38 @@ impl Service {
     }
 }
 
-/// Reads the id and body of a registry call: 400 for a bad id or bad JSON, 413 above 64 KiB.
-/// The common start of every registry call: the caller's token, then the body.
-async fn authorized_call(
-    service: &Service,
+/// The common start of every registry call, cheapest check first: the peer's request
+/// rate (before its token is even looked at), a declared body size over the limit (413
+/// without reading any of it), the bearer token, the tenant's request rate, the
+/// environment id, then the body itself, read up to the limit. Returns the parsed body
+/// and the caller's token entry (its tenant).
+async fn authorized_call<'a>(
+    service: &'a Service,
+    peer: SocketAddr,
     headers: &HeaderMap,
     role: TokenRole,
     id: &str,
     body: Body,
-) -> Result<Value, Response> {
-    service.authorize(headers, role, id)?;
-    read_call(id, body).await
-}
-
-async fn read_call(id: &str, body: Body) -> Result<Value, Response> {
+) -> Result<(Value, &'a TokenEntry), Response> {
+    service
+        .limits
+        .check_peer(peer.ip())
+        .map_err(|l| limited(l, id))?;
+    let max_body = service.config.max_request_body_bytes;
+    let too_large =
+        |caller: Option<&str>| refuse(&Refusal::RequestBody { max: max_body }, caller, id);
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max_body as u64) {
+        return Err(too_large(None));
+    }
+    let caller = service.authorize(headers, role, id)?;
+    service
+        .limits
+        .check_tenant(caller.tenant, &caller.name)
+        .map_err(|l| limited(l, id))?;
     if let Err(problem) = check_environment_id(id) {
         return Err(error(
             StatusCode::BAD_REQUEST,
@@ -361,22 +442,17 @@ async fn read_call(id: &str, body: Body) -> Result<Value, Response> {
             &format!("environment id {problem}"),
         ));
     }
-    let bytes = axum::body::to_bytes(body, MAX_REQUEST_BODY)
+    let bytes = axum::body::to_bytes(body, max_body)
         .await
-        .map_err(|_| {
-            error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "request body over 64 KiB",
-            )
-        })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+        .map_err(|_| too_large(Some(&caller.name)))?;
+    let value = serde_json::from_slice(&bytes).map_err(|e| {
         error(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("malformed JSON: {e}"),
         )
-    })
+    })?;
+    Ok((value, caller))
 }
 
 fn key_member(body: &Value, name: &str) -> Result<NoisePublicKey, Response> {
@@ -398,14 +474,16 @@ fn key_member(body: &Value, name: &str) -> Result<NoisePublicKey, Response> {
 
 async fn register(
     State(service): State<Arc<Service>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match authorized_call(&service, &headers, TokenRole::Executor, &id, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+    let (body, caller) =
+        match authorized_call(&service, peer, &headers, TokenRole::Executor, &id, body).await {
+            Ok(call) => call,
+            Err(r) => return r,
+        };
     match body.get("security_profile").and_then(Value::as_str) {
         Some(SECURITY_PROFILE_V1) => {}
         Some(_) => {
@@ -435,7 +513,7 @@ async fn register(
             "`name` is longer than 256 bytes",
         );
     }
-    let reg = match service.hub.register(&id, key, name) {
+    let reg = match service.hub.register(&id, key, name, caller.tenant) {
         Ok(reg) => reg,
         Err(state::RegisterRefusal::Busy) => {
             return error(
@@ -444,12 +522,8 @@ async fn register(
                 "another executor is serving this environment",
             )
         }
-        Err(state::RegisterRefusal::Overloaded) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "too many environments",
-            )
+        Err(state::RegisterRefusal::Capacity(refusal)) => {
+            return refuse(&refusal, Some(&caller.name), &id)
         }
     };
     json(
@@ -465,14 +539,16 @@ async fn register(
 
 async fn connect(
     State(service): State<Arc<Service>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match authorized_call(&service, &headers, TokenRole::Harness, &id, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+    let (body, _) =
+        match authorized_call(&service, peer, &headers, TokenRole::Harness, &id, body).await {
+            Ok(call) => call,
+            Err(r) => return r,
+        };
     let harness_key = match key_member(&body, "harness_public_key") {
         Ok(k) => k,
         Err(r) => return r,
@@ -517,14 +593,16 @@ async fn connect(
 
 async fn validate(
     State(service): State<Arc<Service>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match authorized_call(&service, &headers, TokenRole::Executor, &id, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+    let (body, _) =
+        match authorized_call(&service, peer, &headers, TokenRole::Executor, &id, body).await {
+            Ok(call) => call,
+            Err(r) => return r,
+        };
     let harness_key = match key_member(&body, "harness_public_key") {
         Ok(k) => k,
         Err(r) => return r,
@@ -650,17 +728,26 @@ async fn upgrade(
     if exp < now || exp > now + ttl + 60 {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    // 5–7. Registration state; harness capacity and executor presence.
-    if let Err(status) = service.hub.check_upgrade(&id, &reg, role) {
-        return status.into_response();
-    }
+    // 5–7. Registration state; executor presence and capacity for harnesses.
+    let harness_slot = match role {
+        SocketRole::Executor => match service.hub.admit_executor(&id, &reg) {
+            Ok(()) => None,
+            Err(status) => return status.into_response(),
+        },
+        SocketRole::Harness => match service.hub.admit_harness(&id, &reg) {
+            Ok(slot) => Some(slot),
+            Err(UpgradeRefusal::Status(status)) => return status.into_response(),
+            Err(UpgradeRefusal::Capacity(refusal)) => return refuse(&refusal, None, &id),
+        },
+    };
     let hub = Arc::clone(&service.hub);
+    // A failed upgrade drops the closure, and with it the harness slot.
     ws.max_message_size(MAX_WS_MESSAGE_BYTES)
         .max_frame_size(MAX_WS_MESSAGE_BYTES)
         .on_upgrade(move |socket| async move {
-            match role {
-                SocketRole::Executor => hub.serve_executor(id, reg, socket).await,
-                SocketRole::Harness => hub.serve_harness(id, kh, socket).await,
+            match harness_slot {
+                None => hub.serve_executor(id, reg, socket).await,
+                Some(slot) => hub.serve_harness(id, reg, kh, slot, socket).await,
             }
         })
 }

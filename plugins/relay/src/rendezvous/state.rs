@@ -1,6 +1,16 @@
-//! The router's state (RELAY §8.2, §8.6, §8.7): per environment the current registration,
-//! the executor socket, the route table `stream_id → harness socket` and the recently
-//! closed ids, plus the socket loops that forward frames as their original bytes.
+//! The rendezvous's state (RELAY §8.2, §8.6, §8.7): per environment the current
+//! registration and the capacity it holds, the executor socket, the route table
+//! `stream_id → harness socket` and the recently closed ids, plus the socket loops that
+//! forward frames as their original bytes.
+//!
+//! The registry side is the [`Hub`]'s registration interface — `register`, `connectable`,
+//! `current_registration`, `admit_executor`, `admit_harness` — and a registration ends in
+//! one place, `Hub::remove`: when its executor leaves for good (closes with 1000), when no
+//! executor attached within `attach_timeout_secs`, and when its executor stayed away for
+//! `registration_ttl_secs`. Expiry runs in a background sweep and also lazily whenever an
+//! environment is accessed, and a registration that finds the service full sweeps first,
+//! so capacity is free the moment its registration is due to go. The capacity itself is
+//! counted by [`Capacity`]; an environment's entry and its slot live and die together.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,10 +28,15 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RendezvousConfig;
 use crate::noise::NoisePublicKey;
 use crate::proto::{self, Body, ResetReason};
+use crate::rendezvous::capacity::{Capacity, EnvironmentSlot, Gauge, HarnessSlot, TenantId};
+use crate::rendezvous::refusal::Refusal;
 use crate::rendezvous::signing::registration_id;
 
 /// Closed stream ids remembered per environment.
 const CLOSED_IDS: usize = 1_024;
+/// Replaced registration ids remembered per environment (their upgrades get 410; older
+/// ones 404, which also makes their executor register again).
+const REPLACED_IDS: usize = 64;
 /// Invalid frames that close a harness socket (§6.2).
 const MAX_INVALID_FRAMES: u32 = 8;
 /// Frames queued towards one socket; beyond that frames are dropped (endpoints retransmit).
@@ -80,12 +95,6 @@ impl SocketHandle {
     }
 }
 
-struct Registration {
-    id: String,
-    key: NoisePublicKey,
-    created: Instant,
-}
-
 #[derive(Default)]
 struct Route {
     harness: Option<SocketHandle>,
@@ -95,43 +104,87 @@ struct Route {
     held_for_harness: Option<Bytes>,
 }
 
-#[derive(Default)]
-struct ClosedIds {
+/// The most recent ids of something, at most `cap` of them.
+struct RecentIds {
     order: VecDeque<String>,
     set: HashSet<String>,
+    cap: usize,
 }
 
-impl ClosedIds {
+impl RecentIds {
+    fn new(cap: usize) -> Self {
+        Self {
+            order: VecDeque::new(),
+            set: HashSet::new(),
+            cap,
+        }
+    }
+
     fn insert(&mut self, id: String) {
         if self.set.insert(id.clone()) {
             self.order.push_back(id);
-            if self.order.len() > CLOSED_IDS {
+            if self.order.len() > self.cap {
                 if let Some(old) = self.order.pop_front() {
                     self.set.remove(&old);
                 }
             }
         }
     }
+
+    fn remove(&mut self, id: &str) {
+        if self.set.remove(id) {
+            self.order.retain(|x| x != id);
+        }
+    }
+
     fn contains(&self, id: &str) -> bool {
         self.set.contains(id)
     }
 }
 
-#[derive(Default)]
+/// The current registration of an environment (§8.2).
+struct Registration {
+    id: String,
+    key: NoisePublicKey,
+    created: Instant,
+    /// The capacity it holds; released when the registration is dropped.
+    slot: EnvironmentSlot,
+}
+
+/// One registered environment. An entry exists exactly as long as its registration does.
 struct Environment {
-    registration: Option<Registration>,
+    registration: Registration,
     /// Ids of registrations replaced by a newer one (upgrade → 410).
-    replaced: HashSet<String>,
+    replaced: RecentIds,
     executor: Option<SocketHandle>,
     ever_attached: bool,
     detached_since: Option<Instant>,
     routes: HashMap<String, Route>,
-    closed: ClosedIds,
-    harness_sockets: usize,
+    closed: RecentIds,
+    /// Every open harness socket, bound to a route or not, so that deleting the
+    /// environment can close them all.
+    harness_sockets: HashMap<u64, SocketHandle>,
+    /// Harness socket places at this environment, taken at upgrade time.
+    socket_places: Arc<Gauge>,
     unknown_reset_at: HashMap<String, Instant>,
 }
 
 impl Environment {
+    fn new(registration: Registration, socket_places: Arc<Gauge>) -> Self {
+        Self {
+            registration,
+            replaced: RecentIds::new(REPLACED_IDS),
+            executor: None,
+            ever_attached: false,
+            detached_since: None,
+            routes: HashMap::new(),
+            closed: RecentIds::new(CLOSED_IDS),
+            harness_sockets: HashMap::new(),
+            socket_places,
+            unknown_reset_at: HashMap::new(),
+        }
+    }
+
     fn executor_within_grace(&self, grace: Duration, now: Instant) -> bool {
         self.executor.is_some()
             || (self.ever_attached
@@ -145,14 +198,33 @@ impl Environment {
         self.closed.insert(stream_id.to_owned());
     }
 
-    /// Reset{unknown_stream} to the executor, at most once per second per stream.
-    fn unknown_stream_reset(&mut self, stream_id: &str, now: Instant) {
+    /// Resets every route towards its harness with `executor_unavailable` and closes every
+    /// harness socket: the registration they were admitted for is gone.
+    fn reset_harnesses(&mut self) {
+        let ids: Vec<String> = self.routes.keys().cloned().collect();
+        for sid in ids {
+            if let Some(h) = self.routes.get(&sid).and_then(|r| r.harness.as_ref()) {
+                h.send(proto::encode(&proto::reset_frame(
+                    &sid,
+                    ResetReason::ExecutorUnavailable,
+                )));
+            }
+            self.close_route(&sid);
+        }
+        for (_, socket) in self.harness_sockets.drain() {
+            socket.close(1000);
+        }
+    }
+
+    /// Reset{unknown_stream} to the executor, at most once per second per stream; `true`
+    /// when one was sent.
+    fn unknown_stream_reset(&mut self, stream_id: &str, now: Instant) -> bool {
         let due = self
             .unknown_reset_at
             .get(stream_id)
             .is_none_or(|t| now.saturating_duration_since(*t) >= Duration::from_secs(1));
         if !due {
-            return;
+            return false;
         }
         if self.unknown_reset_at.len() > CLOSED_IDS {
             self.unknown_reset_at.clear();
@@ -164,12 +236,40 @@ impl Environment {
                 ResetReason::UnknownStream,
             )));
         }
+        true
+    }
+}
+
+/// Why a registration ended (the `reason` of its log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Its executor closed its socket with 1000: it stopped for good (§8.8).
+    ExecutorLeft,
+    /// No executor attached within `attach_timeout_secs`.
+    AttachTimeout,
+    /// Its executor stayed detached for `registration_ttl_secs` (§8.2).
+    RegistrationTtl,
+}
+
+impl Removal {
+    fn reason(self) -> &'static str {
+        match self {
+            Self::ExecutorLeft => "executor_left",
+            Self::AttachTimeout => "attach_timeout",
+            Self::RegistrationTtl => "registration_ttl",
+        }
     }
 }
 
 pub enum RegisterRefusal {
     Busy,
-    Overloaded,
+    Capacity(Refusal),
+}
+
+/// Why an upgrade is refused (§8.4 checks 5–7, §8.8, §8.9).
+pub enum UpgradeRefusal {
+    Status(StatusCode),
+    Capacity(Refusal),
 }
 
 pub enum Connectable {
@@ -178,51 +278,104 @@ pub enum Connectable {
     Unavailable,
 }
 
+type Environments = HashMap<String, Environment>;
+
 /// All environments of this service.
 pub struct Hub {
-    envs: Mutex<HashMap<String, Environment>>,
+    envs: Mutex<Environments>,
+    /// Every slot the environments and harness sockets hold is counted here.
+    capacity: Capacity,
     grace: Duration,
     registration_ttl: Duration,
-    max_environments: usize,
-    max_harness_sockets: usize,
+    attach_timeout: Duration,
     max_parked: usize,
     timing: RouterTiming,
     next_socket: AtomicU64,
 }
 
 impl Hub {
-    pub fn new(config: &RendezvousConfig, timing: RouterTiming) -> Arc<Self> {
+    pub fn new(config: &RendezvousConfig, capacity: Capacity, timing: RouterTiming) -> Arc<Self> {
         Arc::new(Self {
             envs: Mutex::new(HashMap::new()),
+            capacity,
             grace: Duration::from_secs(config.grace_secs),
             registration_ttl: Duration::from_secs(config.registration_ttl_secs),
-            max_environments: config.max_environments,
-            max_harness_sockets: config.max_harness_sockets_per_environment,
+            attach_timeout: Duration::from_secs(config.attach_timeout_secs),
             max_parked: config.max_parked_streams_per_environment,
             timing,
             next_socket: AtomicU64::new(1),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Environment>> {
+    #[cfg(test)]
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Environments> {
         self.envs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `register` (§8.2): idempotent for the same key, 409 while another executor is live.
+    /// Whether `env`'s registration is due to be deleted at `now`, and why.
+    fn due(&self, env: &Environment, now: Instant) -> Option<Removal> {
+        if env.executor.is_some() {
+            return None;
+        }
+        if !env.ever_attached {
+            let waited = now.saturating_duration_since(env.registration.created);
+            return (waited >= self.attach_timeout).then_some(Removal::AttachTimeout);
+        }
+        env.detached_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.registration_ttl)
+            .then_some(Removal::RegistrationTtl)
+    }
+
+    /// Deletes `id`'s registration if it is due: every access to an environment goes
+    /// through here first, so expiry never waits for the sweep.
+    fn expire(&self, envs: &mut Environments, id: &str, now: Instant) {
+        if let Some(why) = envs.get(id).and_then(|env| self.due(env, now)) {
+            self.remove(envs, id, why);
+        }
+    }
+
+    /// The one way a registration ends: its sockets are told and closed, and dropping it
+    /// gives its capacity back.
+    fn remove(&self, envs: &mut Environments, id: &str, why: Removal) {
+        let Some(mut env) = envs.remove(id) else {
+            return;
+        };
+        env.reset_harnesses();
+        if let Some(executor) = env.executor.take() {
+            executor.close(1000);
+        }
+        let tenant = env.registration.slot.tenant();
+        let registration = std::mem::take(&mut env.registration.id);
+        drop(env);
+        tracing::info!(
+            reason = why.reason(),
+            tenant = self.capacity.tenant_name(tenant),
+            environment = %proto::truncate_for_log(id),
+            registration = %registration,
+            held = self.capacity.environments_held(),
+            tenant_held = self.capacity.tenant_environments_held(tenant),
+            "registration deleted; its capacity is free"
+        );
+    }
+
+    /// `register` (§8.2): idempotent for the same key, 409 while another executor is live,
+    /// and within the service's and the tenant's capacity.
     pub fn register(
         &self,
         id: &str,
         key: NoisePublicKey,
         name: Option<String>,
+        tenant: TenantId,
     ) -> Result<String, RegisterRefusal> {
         let now = Instant::now();
         let mut envs = self.lock();
-        if !envs.contains_key(id) && envs.len() >= self.max_environments {
-            return Err(RegisterRefusal::Overloaded);
-        }
-        let env = envs.entry(id.to_owned()).or_default();
-        let reg_id = registration_id(id, &key);
-        if let Some(current) = &env.registration {
+        self.expire(&mut envs, id, now);
+        if let Some(env) = envs.get(id) {
+            let current = &env.registration;
             if current.key == key {
                 return Ok(current.id.clone());
             }
@@ -232,46 +385,80 @@ impl Hub {
             if live {
                 return Err(RegisterRefusal::Busy);
             }
-            env.replaced.insert(current.id.clone());
-            let stale: Vec<String> = env.routes.keys().cloned().collect();
-            for stream_id in stale {
-                if let Some(route) = env.routes.get(&stream_id) {
-                    if let Some(h) = &route.harness {
-                        h.send(proto::encode(&proto::reset_frame(
-                            &stream_id,
-                            ResetReason::ExecutorUnavailable,
-                        )));
-                        h.close(1000);
-                    }
-                }
-                env.close_route(&stream_id);
+        }
+        let admitted = match self.admit(&mut envs, id, key, tenant, now) {
+            Ok(reg) => Ok(reg),
+            Err(_) => {
+                // Full: free what is due everywhere, then decide.
+                self.sweep_locked(&mut envs, now);
+                self.admit(&mut envs, id, key, tenant, now)
+            }
+        };
+        let reg_id = admitted.map_err(RegisterRefusal::Capacity)?;
+        tracing::info!(
+            environment = %proto::truncate_for_log(id),
+            registration = %reg_id,
+            tenant = self.capacity.tenant_name(tenant),
+            name = ?name,
+            held = self.capacity.environments_held(),
+            tenant_held = self.capacity.tenant_environments_held(tenant),
+            "executor registered"
+        );
+        Ok(reg_id)
+    }
+
+    /// Installs a registration for `key`, a new one or one that replaces a registration
+    /// whose executor is gone. Capacity is charged before anything changes, so a refusal
+    /// leaves the state as it was.
+    fn admit(
+        &self,
+        envs: &mut Environments,
+        id: &str,
+        key: NoisePublicKey,
+        tenant: TenantId,
+        now: Instant,
+    ) -> Result<String, Refusal> {
+        let reg_id = registration_id(id, &key);
+        match envs.get_mut(id) {
+            Some(env) => {
+                self.capacity
+                    .move_environment(&mut env.registration.slot, tenant)?;
+                env.replaced
+                    .insert(std::mem::take(&mut env.registration.id));
+                env.reset_harnesses();
+                env.replaced.remove(&reg_id);
+                env.registration.id = reg_id.clone();
+                env.registration.key = key;
+                env.registration.created = now;
+                env.ever_attached = false;
+                env.detached_since = None;
+            }
+            None => {
+                let slot = self.capacity.lease_environment(tenant)?;
+                let registration = Registration {
+                    id: reg_id.clone(),
+                    key,
+                    created: now,
+                    slot,
+                };
+                let places = self.capacity.environment_sockets(id);
+                envs.insert(id.to_owned(), Environment::new(registration, places));
             }
         }
-        tracing::info!(environment = %proto::truncate_for_log(id), registration = %reg_id, name = ?name, "executor registered");
-        env.replaced.remove(&reg_id);
-        env.registration = Some(Registration {
-            id: reg_id.clone(),
-            key,
-            created: now,
-        });
-        env.ever_attached = false;
-        env.detached_since = None;
         Ok(reg_id)
     }
 
     pub fn connectable(&self, id: &str) -> Connectable {
         let now = Instant::now();
-        let envs = self.lock();
+        let mut envs = self.lock();
+        self.expire(&mut envs, id, now);
         let Some(env) = envs.get(id) else {
-            return Connectable::NotFound;
-        };
-        let Some(reg) = &env.registration else {
             return Connectable::NotFound;
         };
         if env.executor_within_grace(self.grace, now) {
             Connectable::Yes {
-                reg: reg.id.clone(),
-                key: reg.key,
+                reg: env.registration.id.clone(),
+                key: env.registration.key,
             }
         } else {
             Connectable::Unavailable
@@ -279,32 +466,53 @@ impl Hub {
     }
 
     pub fn current_registration(&self, id: &str) -> Option<String> {
-        self.lock()
-            .get(id)
-            .and_then(|e| e.registration.as_ref().map(|r| r.id.clone()))
+        let mut envs = self.lock();
+        self.expire(&mut envs, id, Instant::now());
+        envs.get(id).map(|e| e.registration.id.clone())
     }
 
-    /// Upgrade checks 5–7 of §8.4, plus the harness-side capacity and presence checks.
-    pub fn check_upgrade(&self, id: &str, reg: &str, role: SocketRole) -> Result<(), StatusCode> {
-        let now = Instant::now();
-        let envs = self.lock();
-        let Some(env) = envs.get(id) else {
+    /// Upgrade checks 5–7 of §8.4: the registration exists, belongs here, is current.
+    fn upgrade_target<'a>(
+        &self,
+        envs: &'a mut Environments,
+        id: &str,
+        reg: &str,
+    ) -> Result<&'a mut Environment, StatusCode> {
+        self.expire(envs, id, Instant::now());
+        let Some(env) = envs.get_mut(id) else {
             return Err(StatusCode::NOT_FOUND);
         };
-        match &env.registration {
-            Some(current) if current.id == reg => {}
-            _ if env.replaced.contains(reg) => return Err(StatusCode::GONE),
-            _ => return Err(StatusCode::NOT_FOUND),
+        if env.registration.id == reg {
+            Ok(env)
+        } else if env.replaced.contains(reg) {
+            Err(StatusCode::GONE)
+        } else {
+            Err(StatusCode::NOT_FOUND)
         }
-        if role == SocketRole::Harness {
-            if !env.executor_within_grace(self.grace, now) {
-                return Err(StatusCode::SERVICE_UNAVAILABLE);
-            }
-            if env.harness_sockets >= self.max_harness_sockets {
-                return Err(StatusCode::SERVICE_UNAVAILABLE);
-            }
+    }
+
+    /// May an executor socket for `reg` be opened?
+    pub fn admit_executor(&self, id: &str, reg: &str) -> Result<(), StatusCode> {
+        let mut envs = self.lock();
+        self.upgrade_target(&mut envs, id, reg).map(|_| ())
+    }
+
+    /// May a harness socket for `reg` be opened? Its place at the environment and among
+    /// the owner tenant's sockets is taken now, before the upgrade completes, so
+    /// concurrent upgrades cannot over-admit; the slot is released when the socket ends
+    /// (or the upgrade fails and the slot is dropped unused).
+    pub fn admit_harness(&self, id: &str, reg: &str) -> Result<HarnessSlot, UpgradeRefusal> {
+        let now = Instant::now();
+        let mut envs = self.lock();
+        let env = self
+            .upgrade_target(&mut envs, id, reg)
+            .map_err(UpgradeRefusal::Status)?;
+        if !env.executor_within_grace(self.grace, now) {
+            return Err(UpgradeRefusal::Status(StatusCode::SERVICE_UNAVAILABLE));
         }
-        Ok(())
+        self.capacity
+            .lease_harness_socket(&env.socket_places, env.registration.slot.tenant())
+            .map_err(UpgradeRefusal::Capacity)
     }
 
     fn spawn_socket(
@@ -338,26 +546,12 @@ impl Hub {
     /// Serves one executor socket for the registration `reg`.
     pub async fn serve_executor(self: Arc<Self>, env_id: String, reg: String, socket: WebSocket) {
         let (handle, mut stream, last_pong) = self.spawn_socket(socket);
-        {
-            let mut envs = self.lock();
-            let env = envs.entry(env_id.clone()).or_default();
-            if env.registration.as_ref().is_none_or(|r| r.id != reg) {
-                handle.close(4002);
-                return;
-            }
-            if let Some(old) = env.executor.replace(handle.clone()) {
-                old.close(4002);
-            }
-            env.ever_attached = true;
-            env.detached_since = None;
-            for route in env.routes.values_mut() {
-                if let Some(held) = route.held_for_executor.take() {
-                    handle.send(held);
-                }
-            }
-            tracing::info!(environment = %proto::truncate_for_log(&env_id), "executor attached");
+        if !self.attach_executor(&env_id, &reg, &handle) {
+            handle.close(4002);
+            return;
         }
         let mut invalid = 0u32;
+        let mut left_for_good = false;
         loop {
             let message = tokio::select! {
                 _ = handle.kill.cancelled() => break,
@@ -379,7 +573,12 @@ impl Hub {
                     }
                     break;
                 }
-                Some(Ok(Message::Close(_))) | None => break,
+                Some(Ok(Message::Close(frame))) => {
+                    // 1000 is what an executor sends when it stops (§8.8, §9.1).
+                    left_for_good = frame.is_some_and(|f| f.code == 1000);
+                    break;
+                }
+                None => break,
                 Some(Ok(_)) => continue,
             };
             let Some(frame) = decode_valid(&bytes) else {
@@ -390,13 +589,49 @@ impl Hub {
             self.forward_from_executor(&env_id, &handle, bytes, &frame);
         }
         handle.kill.cancel();
+        self.detach_executor(&env_id, handle.id, left_for_good);
+    }
+
+    /// Makes `handle` the executor socket of `reg`; `false` when `reg` is no longer the
+    /// environment's registration.
+    fn attach_executor(&self, env_id: &str, reg: &str, handle: &SocketHandle) -> bool {
         let mut envs = self.lock();
-        if let Some(env) = envs.get_mut(&env_id) {
-            if env.executor.as_ref().is_some_and(|e| e.id == handle.id) {
-                env.executor = None;
-                env.detached_since = Some(Instant::now());
-                tracing::info!(environment = %proto::truncate_for_log(&env_id), "executor detached");
+        let Some(env) = envs.get_mut(env_id) else {
+            return false;
+        };
+        if env.registration.id != reg {
+            return false;
+        }
+        if let Some(old) = env.executor.replace(handle.clone()) {
+            old.close(4002);
+        }
+        env.ever_attached = true;
+        env.detached_since = None;
+        for route in env.routes.values_mut() {
+            if let Some(held) = route.held_for_executor.take() {
+                handle.send(held);
             }
+        }
+        tracing::info!(environment = %proto::truncate_for_log(env_id), "executor attached");
+        true
+    }
+
+    /// The executor socket `socket` ended. An executor that left for good deletes its
+    /// registration at once; otherwise it may come back within the grace (§8.2).
+    fn detach_executor(&self, env_id: &str, socket: u64, left_for_good: bool) {
+        let mut envs = self.lock();
+        let Some(env) = envs.get_mut(env_id) else {
+            return;
+        };
+        if env.executor.as_ref().is_none_or(|e| e.id != socket) {
+            return;
+        }
+        env.executor = None;
+        if left_for_good {
+            self.remove(&mut envs, env_id, Removal::ExecutorLeft);
+        } else {
+            env.detached_since = Some(Instant::now());
+            tracing::info!(environment = %proto::truncate_for_log(env_id), "executor detached");
         }
     }
 
@@ -450,17 +685,33 @@ impl Hub {
                         ..Route::default()
                     },
                 );
-            } else {
-                env.unknown_stream_reset(sid, now);
+            } else if env.unknown_stream_reset(sid, now) {
+                tracing::warn!(
+                    reason = "overloaded",
+                    limit = "rendezvous.max_parked_streams_per_environment",
+                    environment = %proto::truncate_for_log(env_id),
+                    max = self.max_parked,
+                    "environment is at its limit of parked streams; stream reset"
+                );
             }
         }
     }
 
-    /// Serves one harness socket whose signed URL named the key hash `kh`.
-    pub async fn serve_harness(self: Arc<Self>, env_id: String, kh: String, socket: WebSocket) {
+    /// Serves one harness socket whose signed URL named the registration `reg` and the key
+    /// hash `kh`; `slot` is its capacity, held until the socket ends.
+    pub async fn serve_harness(
+        self: Arc<Self>,
+        env_id: String,
+        reg: String,
+        kh: String,
+        slot: HarnessSlot,
+        socket: WebSocket,
+    ) {
+        let _slot = slot;
         let (handle, mut stream, last_pong) = self.spawn_socket(socket);
-        if let Some(env) = self.lock().get_mut(&env_id) {
-            env.harness_sockets += 1;
+        if !self.open_harness(&env_id, &reg, &handle) {
+            handle.close(1011);
+            return;
         }
         let mut bound: Option<String> = None;
         let mut invalid = 0u32;
@@ -519,7 +770,7 @@ impl Hub {
         let now = Instant::now();
         let mut envs = self.lock();
         if let Some(env) = envs.get_mut(&env_id) {
-            env.harness_sockets = env.harness_sockets.saturating_sub(1);
+            env.harness_sockets.remove(&handle.id);
             if let (Some(sid), false) = (&bound, ended_by_reset) {
                 if let Some(route) = env.routes.get_mut(sid) {
                     if route.harness.as_ref().is_some_and(|h| h.id == handle.id) {
@@ -528,6 +779,18 @@ impl Hub {
                     }
                 }
             }
+        }
+    }
+
+    /// Records a new harness socket; `false` when its registration went away meanwhile.
+    fn open_harness(&self, env_id: &str, reg: &str, handle: &SocketHandle) -> bool {
+        let mut envs = self.lock();
+        match envs.get_mut(env_id) {
+            Some(env) if env.registration.id == reg => {
+                env.harness_sockets.insert(handle.id, handle.clone());
+                true
+            }
+            _ => false,
         }
     }
 
@@ -623,6 +886,17 @@ impl Hub {
 
     fn sweep(&self, now: Instant) {
         let mut envs = self.lock();
+        self.sweep_locked(&mut envs, now);
+    }
+
+    fn sweep_locked(&self, envs: &mut Environments, now: Instant) {
+        let due: Vec<(String, Removal)> = envs
+            .iter()
+            .filter_map(|(id, env)| self.due(env, now).map(|why| (id.clone(), why)))
+            .collect();
+        for (id, why) in due {
+            self.remove(envs, &id, why);
+        }
         for env in envs.values_mut() {
             let executor_gone = env.executor.is_none()
                 && env
@@ -660,15 +934,6 @@ impl Hub {
                 }
                 env.close_route(&sid);
             }
-            if env.executor.is_none()
-                && env
-                    .detached_since
-                    .is_some_and(|t| now.saturating_duration_since(t) >= self.registration_ttl)
-            {
-                env.registration = None;
-                env.replaced.clear();
-                env.detached_since = None;
-            }
         }
     }
 
@@ -679,8 +944,7 @@ impl Hub {
         {
             let envs = self.lock();
             for env in envs.values() {
-                let harnesses = env.routes.values().filter_map(|r| r.harness.as_ref());
-                for socket in env.executor.iter().chain(harnesses) {
+                for socket in env.executor.iter().chain(env.harness_sockets.values()) {
                     socket.close(1001);
                     written.push(socket.written.clone());
                 }
@@ -788,3 +1052,7 @@ async fn write_loop(
     kill.cancel();
     let _ = sink.close().await;
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;
