@@ -340,3 +340,42 @@ fn config_reference_matches_the_code() {
         );
     }
 }
+
+#[test]
+fn rendezvous_limits_are_positive_and_one_per_tenant() {
+    let out = run(
+        &["config"],
+        &[("EXEC_SERVER_RENDEZVOUS__RATE_LIMIT_PER_IP_BURST", "0")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out).trim(),
+        "invalid config: rendezvous.rate_limit_per_ip_burst must be greater than zero, got 0 (from environment variable EXEC_SERVER_RENDEZVOUS__RATE_LIMIT_PER_IP_BURST)"
+    );
+
+    let token = |max: usize| {
+        format!(
+            "[[rendezvous.tokens]]\nname = \"ci\"\nsha256 = \"{}\"\nrole = \"executor\"\nmax_environments = {max}\n",
+            "a".repeat(64)
+        )
+    };
+    // Two tokens of one tenant (a rotation) must agree on its limits.
+    let file = config_file(&format!("{}{}", token(5), token(6)));
+    let out = run(&["--config", file.to_str().unwrap(), "config"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with(
+            "invalid config: rendezvous.tokens.1.max_environments differs from rendezvous.tokens.0.max_environments; tokens named `ci` are one tenant with one limit"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let file = config_file(&format!("{}{}", token(5), token(5)));
+    let out = run(&["--config", file.to_str().unwrap(), "config"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let printed: toml::Table = stdout(&out).parse().unwrap();
+    assert_eq!(
+        printed["rendezvous"]["tokens"][0]["max_environments"].as_integer(),
+        Some(5)
+    );
+}
