@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use exec_server_relay::noise::{NoiseIdentity, NoisePublicKey};
 use exec_server_relay::rendezvous::signing::token_digest;
-use futures_util::StreamExt;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
@@ -772,4 +772,36 @@ async fn harness_socket_refusals_name_their_limit() {
     );
     rdv.log_line(&["capacity_exhausted", "ci-executors", "sockets-c"])
         .await;
+}
+
+#[tokio::test]
+async fn another_tenant_cannot_take_over_an_executor_by_re_registering_its_public_key() {
+    let rdv = Rendezvous::start(NO_RATE_LIMITS, "").await;
+    let key = NoiseIdentity::generate().public();
+    let own = rdv.register_key(CI_TOKEN, "victim", &key).await;
+    assert_eq!(own.status, 200, "{own:?}");
+    let mut executor = attach(&own.url()).await;
+    // Any harness learns the executor's public key from `connect`.
+    let bundle = rdv.connect(HARNESS_TOKEN, "victim").await.json();
+    assert_eq!(bundle["executor_public_key"], key.to_json());
+    // Another executor tenant re-registers that key to get a fresh executor URL.
+    let stolen = rdv.register_key(OTHER_TOKEN, "victim", &key).await;
+    assert_eq!(stolen.status, 409, "{stolen:?}");
+    // The owner still holds its registration and its socket.
+    assert_eq!(rdv.register_key(CI_TOKEN, "victim", &key).await.status, 200);
+    executor
+        .send(Message::Ping(b"still here".to_vec().into()))
+        .await
+        .unwrap();
+    loop {
+        match tokio::time::timeout(STEP_TIMEOUT, executor.next())
+            .await
+            .expect("no Pong")
+        {
+            Some(Ok(Message::Pong(p))) if p.as_ref() == b"still here" => break,
+            Some(Ok(Message::Close(f))) => panic!("the executor socket was closed: {f:?}"),
+            Some(Ok(_)) => {}
+            other => panic!("the executor socket ended: {other:?}"),
+        }
+    }
 }

@@ -362,8 +362,9 @@ impl Hub {
         );
     }
 
-    /// `register` (§8.2): idempotent for the same key, 409 while another executor is live,
-    /// and within the service's and the tenant's capacity.
+    /// `register` (§8.2): idempotent for the same key and tenant, 409 while another
+    /// executor is live or the key is another tenant's, and within the service's and the
+    /// tenant's capacity.
     pub fn register(
         &self,
         id: &str,
@@ -377,7 +378,14 @@ impl Hub {
         if let Some(env) = envs.get(id) {
             let current = &env.registration;
             if current.key == key {
-                return Ok(current.id.clone());
+                // The key is public (every `connect` hands it out): only the tenant that
+                // registered it gets its registration, and a fresh executor URL, again;
+                // another tenant waits, like a standby, until the registration ends.
+                return if current.slot.tenant() == tenant {
+                    Ok(current.id.clone())
+                } else {
+                    Err(RegisterRefusal::Busy)
+                };
             }
             let live = env.executor_within_grace(self.grace, now)
                 || (!env.ever_attached

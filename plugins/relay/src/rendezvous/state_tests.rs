@@ -270,7 +270,9 @@ async fn a_takeover_moves_the_slot_to_the_new_tenant_or_changes_nothing() {
         Some(registration_id("shared", &key(1)))
     );
     // With room, the environment changes hands: same service slot, b's tenant slot.
-    let (_, b_executor) = attached(&hub, "b-own", 9);
+    let b_reg = register(&hub, "b-own", key(9), 1).unwrap();
+    let (b_executor, _) = socket(&hub);
+    assert!(hub.attach_executor("b-own", &b_reg, &b_executor));
     hub.detach_executor("b-own", b_executor.id, true);
     register(&hub, "shared", key(2), 1).unwrap();
     assert_eq!(hub.capacity().tenant_environments_held(a), 0);
@@ -406,5 +408,18 @@ fn racing_threads_never_over_admit() {
         }
     });
     assert_eq!(admitted.load(Ordering::Relaxed), 50);
+    assert_books(&hub);
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_tenant_cannot_re_register_a_key_it_does_not_own() {
+    let hub = hub();
+    let (reg, _executor) = attached(&hub, "env", 1);
+    // The executor key is public; re-registering it would hand out a fresh executor URL.
+    assert!(matches!(
+        hub.register("env", key(1), None, tenant(&hub, 1)),
+        Err(RegisterRefusal::Busy)
+    ));
+    assert_eq!(register(&hub, "env", key(1), 0).unwrap(), reg);
     assert_books(&hub);
 }
