@@ -288,6 +288,10 @@ pub struct Hub {
     grace: Duration,
     registration_ttl: Duration,
     attach_timeout: Duration,
+    /// No registration is due to be deleted before this: a full service sweeps before
+    /// refusing only when something can be due, so a flood of refused registrations
+    /// never makes each request walk every environment. Only touched with `envs` held.
+    next_due: Mutex<Option<Instant>>,
     max_parked: usize,
     timing: RouterTiming,
     next_socket: AtomicU64,
@@ -301,6 +305,7 @@ impl Hub {
             grace: Duration::from_secs(config.grace_secs),
             registration_ttl: Duration::from_secs(config.registration_ttl_secs),
             attach_timeout: Duration::from_secs(config.attach_timeout_secs),
+            next_due: Mutex::new(None),
             max_parked: config.max_parked_streams_per_environment,
             timing,
             next_socket: AtomicU64::new(1),
@@ -316,18 +321,42 @@ impl Hub {
         self.envs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether `env`'s registration is due to be deleted at `now`, and why.
-    fn due(&self, env: &Environment, now: Instant) -> Option<Removal> {
+    /// When `env`'s registration is due to be deleted, and why; `None` while its executor
+    /// is attached.
+    fn deadline(&self, env: &Environment) -> Option<(Instant, Removal)> {
         if env.executor.is_some() {
             return None;
         }
         if !env.ever_attached {
-            let waited = now.saturating_duration_since(env.registration.created);
-            return (waited >= self.attach_timeout).then_some(Removal::AttachTimeout);
+            return Some((
+                env.registration.created + self.attach_timeout,
+                Removal::AttachTimeout,
+            ));
         }
         env.detached_since
-            .is_some_and(|t| now.saturating_duration_since(t) >= self.registration_ttl)
-            .then_some(Removal::RegistrationTtl)
+            .map(|t| (t + self.registration_ttl, Removal::RegistrationTtl))
+    }
+
+    /// Records a deadline that starts now (a new registration, a detached executor).
+    fn note_deadline(&self, env: &Environment) {
+        if let Some((at, _)) = self.deadline(env) {
+            let mut next = self.next_due.lock().unwrap_or_else(|e| e.into_inner());
+            *next = Some(next.map_or(at, |n| n.min(at)));
+        }
+    }
+
+    /// Whether any registration can be due at `now`.
+    fn anything_due(&self, now: Instant) -> bool {
+        self.next_due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at <= now)
+    }
+
+    /// Whether `env`'s registration is due to be deleted at `now`, and why.
+    fn due(&self, env: &Environment, now: Instant) -> Option<Removal> {
+        self.deadline(env)
+            .and_then(|(at, why)| (at <= now).then_some(why))
     }
 
     /// Deletes `id`'s registration if it is due: every access to an environment goes
@@ -395,12 +424,12 @@ impl Hub {
             }
         }
         let admitted = match self.admit(&mut envs, id, key, tenant, now) {
-            Ok(reg) => Ok(reg),
-            Err(_) => {
-                // Full: free what is due everywhere, then decide.
+            Err(_) if self.anything_due(now) => {
+                // Full, but something is due: free it first, then decide.
                 self.sweep_locked(&mut envs, now);
                 self.admit(&mut envs, id, key, tenant, now)
             }
+            admitted => admitted,
         };
         let reg_id = admitted.map_err(RegisterRefusal::Capacity)?;
         tracing::info!(
@@ -440,6 +469,7 @@ impl Hub {
                 env.registration.created = now;
                 env.ever_attached = false;
                 env.detached_since = None;
+                self.note_deadline(env);
             }
             None => {
                 let slot = self.capacity.lease_environment(tenant)?;
@@ -450,7 +480,9 @@ impl Hub {
                     slot,
                 };
                 let places = self.capacity.environment_sockets(id);
-                envs.insert(id.to_owned(), Environment::new(registration, places));
+                let env = Environment::new(registration, places);
+                self.note_deadline(&env);
+                envs.insert(id.to_owned(), env);
             }
         }
         Ok(reg_id)
@@ -639,6 +671,7 @@ impl Hub {
             self.remove(&mut envs, env_id, Removal::ExecutorLeft);
         } else {
             env.detached_since = Some(Instant::now());
+            self.note_deadline(env);
             tracing::info!(environment = %proto::truncate_for_log(env_id), "executor detached");
         }
     }
@@ -898,10 +931,16 @@ impl Hub {
     }
 
     fn sweep_locked(&self, envs: &mut Environments, now: Instant) {
-        let due: Vec<(String, Removal)> = envs
-            .iter()
-            .filter_map(|(id, env)| self.due(env, now).map(|why| (id.clone(), why)))
-            .collect();
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (id, env) in envs.iter() {
+            match self.deadline(env) {
+                Some((at, why)) if at <= now => due.push((id.clone(), why)),
+                Some((at, _)) => next = Some(next.map_or(at, |n| n.min(at))),
+                None => {}
+            }
+        }
+        *self.next_due.lock().unwrap_or_else(|e| e.into_inner()) = next;
         for (id, why) in due {
             self.remove(envs, &id, why);
         }

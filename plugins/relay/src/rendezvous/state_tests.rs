@@ -351,7 +351,12 @@ async fn random_lifetimes_keep_the_books_exact() {
                 let key = key(rng.below(3) as u8);
                 match hub.register(&env, key, None, tenant(&hub, rng.below(2) as usize)) {
                     Ok(_) => admitted += 1,
-                    Err(RegisterRefusal::Capacity(_)) => refused += 1,
+                    Err(RegisterRefusal::Capacity(_)) => {
+                        // A refusal is never caused by a registration that is due.
+                        let now = Instant::now();
+                        assert!(hub.lock().values().all(|e| hub.due(e, now).is_none()));
+                        refused += 1;
+                    }
                     Err(RegisterRefusal::Busy) => {}
                 }
             }
