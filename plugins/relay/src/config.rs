@@ -337,10 +337,10 @@ impl Default for RendezvousConfig {
             max_harness_sockets_per_tenant: 4_096,
             max_parked_streams_per_environment: 256,
             max_request_body_bytes: 65_536,
-            rate_limit_per_tenant_per_sec: 100,
-            rate_limit_per_tenant_burst: 200,
-            rate_limit_per_ip_per_sec: 50,
-            rate_limit_per_ip_burst: 100,
+            rate_limit_per_tenant_per_sec: 200,
+            rate_limit_per_tenant_burst: 1_000,
+            rate_limit_per_ip_per_sec: 100,
+            rate_limit_per_ip_burst: 500,
             tokens: Vec::new(),
         }
     }
