@@ -575,6 +575,29 @@ async fn concurrent_registrations_never_over_admit_and_every_removal_frees_one_s
     assert_eq!(second.len(), 50, "admitted {}", second.len());
 }
 
+/// Sends requests back to back until one is refused with 429 (bounded by the step
+/// timeout); returns every answer, the 429 last.
+async fn until_limited<F, Fut>(mut request: F) -> Vec<Answer>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Answer>,
+{
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    let mut answers = Vec::new();
+    loop {
+        let answer = request().await;
+        let limited = answer.status == 429;
+        answers.push(answer);
+        if limited {
+            return answers;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never rate limited: {answers:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn request_bursts_get_429_with_retry_after_and_other_tenants_are_unaffected() {
     let rdv = Rendezvous::start(
@@ -582,18 +605,14 @@ async fn request_bursts_get_429_with_retry_after_and_other_tenants_are_unaffecte
         "",
     )
     .await;
-    // The bucket holds 5 requests; a burst of 30 overruns it whatever the machine's speed.
-    let mut answers = Vec::new();
-    for _ in 0..30 {
-        answers.push(rdv.connect(HARNESS_TOKEN, "nowhere").await);
-    }
+    // The bucket holds 5 requests and refills one a second: requests sent back to back
+    // overrun it.
+    let answers = until_limited(|| rdv.connect(HARNESS_TOKEN, "nowhere")).await;
+    assert!(answers.len() > 5, "{answers:?}");
     for answer in &answers[..5] {
         assert_eq!(answer.status, 404, "{answer:?}");
     }
-    let limited = answers
-        .iter()
-        .find(|a| a.status == 429)
-        .expect("a burst beyond the bucket is refused");
+    let limited = answers.last().unwrap();
     limited.assert_refused(
         429,
         "rate_limited",
@@ -629,24 +648,19 @@ async fn request_bursts_from_one_address_get_429_and_other_addresses_are_unaffec
         json!({"harness_public_key": NoiseIdentity::generate().public().to_json()}).to_string();
     let path = "/cloud/environment/nowhere/connect";
     // Unknown tokens count too: the address is limited before its token is checked.
-    let mut answers = Vec::new();
-    for _ in 0..30 {
-        answers.push(
-            post(
-                Some(noisy),
-                rdv.addr,
-                path,
-                "guessed-token",
-                body.as_bytes(),
-            )
-            .await,
-        );
-    }
+    let answers = until_limited(|| {
+        post(
+            Some(noisy),
+            rdv.addr,
+            path,
+            "guessed-token",
+            body.as_bytes(),
+        )
+    })
+    .await;
+    assert!(answers.len() > 5, "{answers:?}");
     assert!(answers[..5].iter().all(|a| a.status == 401), "{answers:?}");
-    let limited = answers
-        .iter()
-        .find(|a| a.status == 429)
-        .expect("a burst beyond the bucket is refused");
+    let limited = answers.last().unwrap();
     limited.assert_refused(
         429,
         "rate_limited",
