@@ -923,3 +923,229 @@ async fn the_servers_own_config_file_is_denied_to_every_sandbox() {
         .await;
     assert_denied(&error);
 }
+
+// ---- the methods' own semantics inside the fs helper -----------------------------------------
+
+/// E15: a walk lists a denied directory but never enters it, and leaves out links whose
+/// target is denied.
+#[tokio::test]
+async fn walks_never_enter_denied_directories_or_reveal_denied_link_targets() {
+    if !landlock_available() {
+        return;
+    }
+    let tree = Tree::new();
+    std::fs::create_dir(tree.t.join("allowed/sub")).unwrap();
+    std::fs::write(tree.t.join("allowed/sub/f"), "f").unwrap();
+    std::os::unix::fs::symlink(
+        tree.t.join("outside/secret.txt"),
+        tree.t.join("allowed/out-link"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(tree.t.join("allowed/sub"), tree.t.join("allowed/in-link")).unwrap();
+    let mut client = client().await;
+    let policy = managed(vec![
+        entry(&tree.path(""), "read"),
+        entry(&tree.path("allowed"), "write"),
+        entry(&tree.path("outside"), "deny"),
+    ]);
+    let walk = client
+        .call(
+            "fs/walk",
+            json!({"path": tree.path(""), "sandbox": policy, "options": {"maxDepth": 8,
+                   "maxDirectories": 100, "maxEntries": 100, "followDirectorySymlinks": true}}),
+        )
+        .await;
+    let uri = |rel: &str| format!("file://{}", tree.t.join(rel).display());
+    let listed: Vec<&str> = walk["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            uri("allowed"),
+            uri("outside"),
+            uri("allowed/in-link"),
+            uri("allowed/sub"),
+            uri("allowed/in-link/f"),
+        ],
+        "{walk}"
+    );
+    assert_eq!(
+        walk["errors"],
+        json!([{"path": uri("outside"), "message": format!(
+            "read access to {} is not permitted by the filesystem sandbox", tree.path("outside"))}])
+    );
+    // fs/readDirectory leaves the same link out and reports the other by its target's kind.
+    let listing = client
+        .call(
+            "fs/readDirectory",
+            json!({"path": tree.path("allowed"), "sandbox": policy}),
+        )
+        .await;
+    let mut entries: Vec<(String, bool)> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["fileName"].as_str().unwrap().to_owned(),
+                e["isDirectory"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        [("in-link".to_owned(), true), ("sub".to_owned(), true)]
+    );
+    // Walking the denied directory itself is refused as a whole.
+    let error = client
+        .call_err(
+            "fs/walk",
+            json!({"path": tree.path("outside"), "sandbox": policy, "options": {"maxDepth": 1,
+                   "maxDirectories": 10, "maxEntries": 10, "followDirectorySymlinks": false}}),
+        )
+        .await;
+    assert_denied(&error);
+}
+
+/// Links, missing paths and existing paths behave inside the helper as in the server
+/// (PROTOCOL §5.4–§5.13).
+#[tokio::test]
+async fn sandboxed_methods_keep_their_link_and_error_semantics() {
+    if !landlock_available() {
+        return;
+    }
+    let tree = Tree::new();
+    let a = |rel: &str| tree.t.join("allowed").join(rel);
+    let p = |rel: &str| a(rel).to_str().unwrap().to_owned();
+    std::fs::write(a("target"), "12345").unwrap();
+    std::os::unix::fs::symlink("target", a("link")).unwrap();
+    std::os::unix::fs::symlink("made-by-write", a("dangling")).unwrap();
+    let mut client = client().await;
+    let policy = default_policy(&tree);
+    let call = |method: &'static str, params: Value| {
+        let mut params = params;
+        params["sandbox"] = policy.clone();
+        (method, params)
+    };
+
+    // readFile / writeFile refuse a last link unless following.
+    for (method, params) in [
+        call(
+            "fs/readFile",
+            json!({"path": p("link"), "followSymlinks": false}),
+        ),
+        call(
+            "fs/writeFile",
+            json!({"path": p("link"), "dataBase64": b64("x"), "followSymlinks": false}),
+        ),
+    ] {
+        let error = client.call_err(method, params).await;
+        assert_error(
+            &error,
+            -32600,
+            &format!("path `{}` is a symbolic link", p("link")),
+        );
+    }
+    let (method, params) = call("fs/readFile", json!({"path": p("link")}));
+    assert_eq!(
+        b64decode(&client.call(method, params).await["dataBase64"]),
+        b"12345"
+    );
+    // Writing through a dangling link creates its target.
+    let (method, params) = call(
+        "fs/writeFile",
+        json!({"path": p("dangling"), "dataBase64": b64("new")}),
+    );
+    client.call(method, params).await;
+    assert_eq!(std::fs::read_to_string(a("made-by-write")).unwrap(), "new");
+    // getMetadata describes the target or the link itself.
+    let (method, params) = call("fs/getMetadata", json!({"path": p("link")}));
+    let followed = client.call(method, params).await;
+    assert_eq!(
+        (
+            &followed["isFile"],
+            &followed["isSymlink"],
+            &followed["size"]
+        ),
+        (&json!(true), &json!(true), &json!(5))
+    );
+    let (method, params) = call(
+        "fs/getMetadata",
+        json!({"path": p("link"), "followSymlinks": false}),
+    );
+    let own = client.call(method, params).await;
+    assert_eq!(
+        (&own["isFile"], &own["isSymlink"], &own["size"]),
+        (&json!(false), &json!(true), &json!(6))
+    );
+    // canonicalize answers the target; a missing path is -32004.
+    let (method, params) = call("fs/canonicalize", json!({"path": p("link")}));
+    assert_eq!(
+        client.call(method, params).await["path"],
+        format!("file://{}", p("target"))
+    );
+    let (method, params) = call("fs/canonicalize", json!({"path": p("nope")}));
+    assert_eq!(client.call_err(method, params).await["code"], -32004);
+    // createDirectory: recursive creates every level; single needs its parent.
+    let (method, params) = call("fs/createDirectory", json!({"path": p("d1/d2/d3")}));
+    client.call(method, params).await;
+    assert!(a("d1/d2/d3").is_dir());
+    let (method, params) = call(
+        "fs/createDirectory",
+        json!({"path": p("x/y"), "recursive": false}),
+    );
+    assert_eq!(client.call_err(method, params).await["code"], -32004);
+    let (method, params) = call(
+        "fs/createDirectory",
+        json!({"path": p("d1"), "recursive": false}),
+    );
+    assert_eq!(client.call_err(method, params).await["code"], -32603);
+    let (method, params) = call("fs/createDirectory", json!({"path": p("target/sub")}));
+    assert_eq!(client.call_err(method, params).await["code"], -32603);
+    // copy: files by content, links as links, trees merged; an existing link destination.
+    std::fs::write(a("d1/d2/f"), "f").unwrap();
+    std::os::unix::fs::symlink("f", a("d1/d2/f-link")).unwrap();
+    let (method, params) = call(
+        "fs/copy",
+        json!({"sourcePath": p("d1"), "destinationPath": p("c1"), "recursive": true}),
+    );
+    client.call(method, params).await;
+    assert_eq!(std::fs::read_to_string(a("c1/d2/f")).unwrap(), "f");
+    assert_eq!(
+        std::fs::read_link(a("c1/d2/f-link")).unwrap(),
+        Path::new("f")
+    );
+    assert!(a("c1/d2/d3").is_dir());
+    let (method, params) = call(
+        "fs/copy",
+        json!({"sourcePath": p("link"), "destinationPath": p("c1/d2/f-link"), "recursive": false}),
+    );
+    assert_eq!(client.call_err(method, params).await["code"], -32603);
+    let (method, params) = call(
+        "fs/copy",
+        json!({"sourcePath": p("d1"), "destinationPath": p("d1/d2/inner"), "recursive": true}),
+    );
+    assert_error(
+        &client.call_err(method, params).await,
+        -32600,
+        "fs/copy cannot copy a directory to itself or one of its descendants",
+    );
+    // remove: force hides a missing path; a tree goes; a link goes without its target.
+    let (method, params) = call("fs/remove", json!({"path": p("nope")}));
+    client.call(method, params).await;
+    let (method, params) = call("fs/remove", json!({"path": p("nope"), "force": false}));
+    assert_eq!(client.call_err(method, params).await["code"], -32004);
+    let (method, params) = call("fs/remove", json!({"path": p("c1"), "recursive": false}));
+    assert_eq!(client.call_err(method, params).await["code"], -32603);
+    let (method, params) = call("fs/remove", json!({"path": p("c1")}));
+    client.call(method, params).await;
+    assert!(!a("c1").exists());
+    let (method, params) = call("fs/remove", json!({"path": p("link")}));
+    client.call(method, params).await;
+    assert!(std::fs::symlink_metadata(a("link")).is_err() && a("target").exists());
+}

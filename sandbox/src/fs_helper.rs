@@ -6,9 +6,9 @@
 //! * `checks` — the per-operation user-space checks (§5.6) and the denial flag (§7.1);
 //! * `runner` — the server side: spawn, time-out, limits, and every failure answer (§4.2, §4.6).
 //!
-//! The helper does not know how to perform an operation: the host passes it the same
-//! synchronous filesystem executor the server uses in-process (§5.7), so results and error
-//! texts are identical in both places.
+//! The helper does not know how to perform an operation: the host passes it its
+//! synchronous filesystem executor (§5.7), which gives the server's results and error
+//! texts while acting only on what the policy approved.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -54,9 +54,11 @@ pub const OPERATIONS: &[&str] = &[
 ];
 
 /// Runs one operation synchronously with the host's filesystem core: `operation` is the
-/// method name, `params` the request's params (with `"sandbox": null`). The policy is
-/// given so that listing operations can leave out entries the policy hides (§5.6); the
-/// user-space checks of the targets have already passed. Returns the serialised result.
+/// method name, `params` the request's params (with `"sandbox": null`). The targets have
+/// passed [`precheck`], but that only refuses early: the executor must resolve and check
+/// every path it touches against `policy` again and act only through descriptors opened
+/// exactly at what it approved ([`crate::anchored`]), never reopen a path. Returns the
+/// serialised result.
 pub type FsExecutor =
     fn(operation: &str, params: Value, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError>;
 

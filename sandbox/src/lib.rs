@@ -4,6 +4,8 @@
 //! * [`policy`] — every accepted `sandbox` shape normalised into one decision: run directly,
 //!   or enforce a [`policy::SandboxPolicy`]; plus the user-space access check of the fs
 //!   helper and the policy's command-line JSON form.
+//! * [`anchored`] — opening exactly the path a check approved (no symlink followed) and
+//!   acting relative to the descriptor.
 //! * [`config`] — the `[sandbox]` table and the config-only `sandbox` plugin.
 //! * [`enforce`] — `no_new_privs`, the seccomp filter, the Landlock ruleset, the probe.
 //! * [`fs_helper`] — the fs helper: protocol, helper `main`, and the server-side runner.
@@ -13,6 +15,7 @@
 //! * [`runtime`] — what the `fs` and `process` plugins use to serve sandboxed requests.
 //! * [`helpers`] — hidden-helper registration and the launcher's entry point.
 
+pub mod anchored;
 pub mod config;
 pub mod denial;
 pub mod enforce;

@@ -40,7 +40,7 @@ pub(crate) use glob::has_meta as glob_has_meta;
 pub use glob::GlobPattern;
 pub use helper_json::Enforcement;
 pub use normalise::normalise;
-pub use resolve::{canonicalise, resolve};
+pub use resolve::{canonicalise, normalise_lexically, resolve};
 
 /// The platform read set of the `minimal` special kind (§2.4.5); only existing members
 /// count.

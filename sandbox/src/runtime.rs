@@ -36,8 +36,14 @@ pub struct SandboxRuntime {
     secret_files: Vec<PathBuf>,
 }
 
-/// Keys whose value names a file holding a secret (a token or a key).
-const SECRET_FILE_KEYS: &[&str] = &["relay.token_file", "rendezvous.signing_key_file"];
+/// Keys whose value names a file holding a secret (a token or a key). Every configuration
+/// key that names a file is here unless the file is public (`relay.ca_file`,
+/// `rendezvous.tls_cert_file`).
+const SECRET_FILE_KEYS: &[&str] = &[
+    "relay.token_file",
+    "rendezvous.signing_key_file",
+    "rendezvous.tls_key_file",
+];
 
 /// The configuration file the server read and every secret file its configuration names
 /// (SANDBOX.md §2.10), canonical where they exist.
@@ -231,5 +237,29 @@ impl SandboxRuntime {
     /// The fs helper runner (for inspection of its command).
     pub fn fs_runner(&self) -> &FsHelperRunner {
         &self.fs_runner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_secret_file_the_configuration_names_is_denied() {
+        let source = ConfigSource::from_toml_str(
+            "[relay]\ntoken_file = \"/srv/secrets/token\"\nca_file = \"/srv/ca.pem\"\n\
+             [rendezvous]\nsigning_key_file = \"/srv/secrets/signing\"\n\
+             tls_cert_file = \"/srv/cert.pem\"\ntls_key_file = \"/srv/secrets/tls.key\"\n",
+        );
+        let mut found = secret_files(&source);
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                PathBuf::from("/srv/secrets/signing"),
+                PathBuf::from("/srv/secrets/tls.key"),
+                PathBuf::from("/srv/secrets/token"),
+            ]
+        );
     }
 }

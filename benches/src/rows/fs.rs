@@ -1,4 +1,5 @@
-//! Files: `fs/readFile` throughput against reading the file directly.
+//! Files: `fs/readFile` throughput against reading the file directly, and the cost of the
+//! sandbox on small reads and writes against the same request without one.
 
 use std::time::Instant;
 
@@ -74,6 +75,52 @@ pub async fn sandbox_write(budget: crate::Budget) -> Row {
     Row {
         key: "sandbox_write",
         what: "sandboxed fs/writeFile (helper + Landlock + seccomp) vs unsandboxed",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor),
+        target: "(reported)",
+        met: true,
+    }
+}
+
+/// A small `fs/readFile` under a restricting sandbox (helper process, Landlock, seccomp,
+/// checked exact open) against the same read without one, same server, interleaved.
+pub async fn sandbox_read(budget: crate::Budget) -> Row {
+    use serde_json::json;
+
+    let dir = std::env::temp_dir().join(format!("exec-server-bench-sbr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("small.txt"), b"payload\n").expect("write the file");
+    let target = format!("file://{}/small.txt", dir.display());
+    let sandbox = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+        {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+        {"path": {"type": "path", "path": format!("file://{}", dir.display())}, "access": "write"}
+    ]}}});
+    let server = WsProcess::exec_server(&[]).await;
+    let mut ws = wire::ws_connect(&server.url).await;
+    wire::handshake(&mut ws).await;
+    let runs = budget.round_trips / 20;
+    let mut plain = Vec::with_capacity(runs);
+    let mut sandboxed = Vec::with_capacity(runs);
+    for i in 0..=runs as i64 {
+        for (samples, sandbox) in [(&mut plain, json!(null)), (&mut sandboxed, sandbox.clone())] {
+            let params = json!({"path": target, "sandbox": sandbox});
+            let started = Instant::now();
+            let result = wire::call(&mut ws, 2 * i + 10, "fs/readFile", params).await;
+            // The first round warms both paths up.
+            if i > 0 {
+                samples.push(started.elapsed());
+            }
+            assert_eq!(result["dataBase64"], "cGF5bG9hZAo=", "{result}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let (median, p99) = super::stats::median_p99(&mut sandboxed);
+    let (floor, _) = super::stats::median_p99(&mut plain);
+    Row {
+        key: "sandbox_read",
+        what: "sandboxed fs/readFile of 8 bytes (helper + Landlock + seccomp) vs unsandboxed",
         unit: Unit::Micros,
         median,
         p99: Some(p99),

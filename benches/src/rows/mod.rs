@@ -49,6 +49,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("sandbox_write") {
         rows.push(fs::sandbox_write(budget).await);
     }
+    if wanted("sandbox_read") {
+        rows.push(fs::sandbox_read(budget).await);
+    }
     if relay {
         rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
     }

@@ -1,6 +1,6 @@
 //! `fs/copy` (PROTOCOL §5.13): files by content, directories recursively, links as links.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
@@ -10,6 +10,7 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::CopyParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -52,6 +53,10 @@ impl FsOperation for Copy {
 
     fn run(self) -> Result<(), RpcError> {
         copy(&self.source, &self.destination, self.recursive)
+    }
+
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<(), RpcError> {
+        crate::confined::copy(policy, &self.source, &self.destination, self.recursive)
     }
 
     fn helper_params(&self) -> serde_json::Value {
@@ -122,12 +127,17 @@ fn copy_link(source: &Path, destination: &Path) -> io::Result<()> {
 /// file onto itself (the same inode, e.g. through a link) leaves it untouched rather than
 /// truncating it to nothing.
 fn copy_file(source: &Path, destination: &Path) -> io::Result<()> {
-    let mut from = nonblocking::open(source, OpenOptions::new().read(true), true)?;
-    nonblocking::make_blocking(&from)?;
-    let from_meta = from.metadata()?;
+    let from = nonblocking::open(source, OpenOptions::new().read(true), true)?;
     let mut options = OpenOptions::new();
     options.write(true).create(true);
-    let mut to = nonblocking::open(destination, &mut options, true)?;
+    let to = nonblocking::open(destination, &mut options, true)?;
+    copy_opened(from, to)
+}
+
+/// [`copy_file`] between opened files (both opened without waiting on a FIFO).
+pub(crate) fn copy_opened(mut from: File, mut to: File) -> io::Result<()> {
+    nonblocking::make_blocking(&from)?;
+    let from_meta = from.metadata()?;
     nonblocking::make_blocking(&to)?;
     let to_meta = to.metadata()?;
     if (to_meta.dev(), to_meta.ino()) == (from_meta.dev(), from_meta.ino()) {

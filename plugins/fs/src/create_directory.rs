@@ -8,6 +8,7 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::CreateDirectoryParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -49,6 +50,10 @@ impl FsOperation for CreateDirectory {
 
     fn run(self) -> Result<(), RpcError> {
         create_directory(&self.path, self.recursive, self.follow_symlinks).or_rpc()
+    }
+
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<(), RpcError> {
+        crate::confined::create_directory(policy, &self.path, self.recursive, self.follow_symlinks)
     }
 
     fn helper_params(&self) -> serde_json::Value {

@@ -5,6 +5,8 @@
 //! * `routing` — what a request's `sandbox` means for where it runs (§5.2.2): in-process
 //!   or in the fs helper.
 //! * `helper` — the fs helper's executor and its hidden-helper registration.
+//! * `confined` — every method as the fs helper runs it: checked targets, acted on only
+//!   through descriptors opened exactly at what the policy approved.
 //! * `blocking` — runs filesystem work on the blocking pool and maps OS errors (§5.3).
 //! * `paths` — wire paths to host paths, and host paths back to message text (§5.1).
 //! * `payload` — owned bytes serialized as base64 straight into the response.
@@ -19,6 +21,7 @@
 
 mod blocking;
 mod config;
+mod confined;
 mod copy;
 mod create_directory;
 mod handles;

@@ -11,6 +11,7 @@ use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::path::to_file_uri;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -71,6 +72,10 @@ impl FsOperation for GetMetadata {
         metadata(&self.path, self.follow_symlinks).or_rpc()
     }
 
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<Metadata, RpcError> {
+        crate::confined::get_metadata(policy, &self.path, self.follow_symlinks)
+    }
+
     fn helper_params(&self) -> serde_json::Value {
         json!({"path": helper_path(&self.path), "followSymlinks": self.follow_symlinks, "sandbox": null})
     }
@@ -96,6 +101,10 @@ impl FsOperation for Canonicalize {
 
     fn run(self) -> Result<PathBuf, RpcError> {
         fs::canonicalize(&self.path).or_rpc()
+    }
+
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<PathBuf, RpcError> {
+        crate::confined::canonicalize(policy, &self.path)
     }
 
     fn helper_params(&self) -> serde_json::Value {
@@ -124,14 +133,19 @@ pub(crate) fn metadata(path: &Path, follow: bool) -> io::Result<Metadata> {
     } else {
         own
     };
-    Ok(Metadata {
+    Ok(describe(is_symlink, &described))
+}
+
+/// The answer for `described`; `is_symlink` is about the requested path itself.
+pub(crate) fn describe(is_symlink: bool, described: &fs::Metadata) -> Metadata {
+    Metadata {
         is_directory: described.is_dir(),
         is_file: described.is_file(),
         is_symlink,
         size: described.len(),
         created_at_ms: described.created().map(unix_ms).unwrap_or(0),
         modified_at_ms: described.modified().map(unix_ms).unwrap_or(0),
-    })
+    }
 }
 
 /// Milliseconds since the Unix epoch; earlier times are negative.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use exec_server_core::proto::fs::{DirectoryEntry, ReadDirectoryParams, ReadDirectoryResult};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
-use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -52,13 +52,7 @@ impl FsOperation for ReadDirectory {
 
     /// Links whose target the policy hides are left out, like inaccessible links.
     fn run_confined(self, policy: &SandboxPolicy) -> Result<Vec<DirectoryEntry>, RpcError> {
-        let mut entries = read_directory(&self.path, self.limit)?;
-        entries.retain(|entry| {
-            let path = self.path.join(&entry.file_name);
-            let is_link = fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
-            !is_link || policy.allows(&resolve(&path, true), AccessKind::Read)
-        });
-        Ok(entries)
+        crate::confined::read_directory(policy, &self.path, self.limit)
     }
 
     fn helper_params(&self) -> serde_json::Value {

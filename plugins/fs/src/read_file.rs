@@ -9,6 +9,7 @@ use exec_server_core::proto::bytes::base64_json;
 use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -58,6 +59,10 @@ impl FsOperation for ReadFile {
         read_file(&self.path, self.follow_symlinks, self.limit)
     }
 
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<Vec<u8>, RpcError> {
+        crate::confined::read_file(policy, &self.path, self.follow_symlinks, self.limit)
+    }
+
     fn helper_params(&self) -> serde_json::Value {
         json!({"path": helper_path(&self.path), "followSymlinks": self.follow_symlinks, "sandbox": null})
     }
@@ -82,7 +87,11 @@ impl FsOperation for ReadFile {
 
 /// Reads the file into one buffer sized from its metadata.
 pub(crate) fn read_file(path: &Path, follow: bool, limit: u64) -> Result<Vec<u8>, RpcError> {
-    let file = open_regular(path, follow)?;
+    read_to_limit(open_regular(path, follow)?, limit)
+}
+
+/// Reads an opened regular file into one buffer sized from its metadata.
+pub(crate) fn read_to_limit(file: File, limit: u64) -> Result<Vec<u8>, RpcError> {
     let size = file.metadata().or_rpc()?.len();
     if size > limit {
         return Err(RpcError::file_too_large(limit));
@@ -108,6 +117,11 @@ pub(crate) fn open_regular(path: &Path, follow: bool) -> Result<File, RpcError> 
             RpcError::from_io(&e)
         }
     })?;
+    ensure_regular(file, path)
+}
+
+/// `file` if it is a regular file, switched to blocking I/O; `path` names it in the error.
+pub(crate) fn ensure_regular(file: File, path: &Path) -> Result<File, RpcError> {
     if !file.metadata().or_rpc()?.is_file() {
         return Err(RpcError::not_a_file(&native(path)));
     }

@@ -9,6 +9,7 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::RemoveParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -51,6 +52,10 @@ impl FsOperation for Remove {
 
     fn run(self) -> Result<(), RpcError> {
         remove(&self.path, self.recursive, self.force).or_rpc()
+    }
+
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<(), RpcError> {
+        crate::confined::remove(policy, &self.path, self.recursive, self.force)
     }
 
     fn helper_params(&self) -> serde_json::Value {

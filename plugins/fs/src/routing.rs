@@ -4,7 +4,8 @@
 //! Every one-shot method hands its decoded and validated operation to [`execute`], and
 //! `fs/open` asks [`check_streaming`]; nothing else interprets `sandbox`. An operation
 //! that needs no enforcement runs here on the blocking pool; one that does runs in an fs
-//! helper (see `helper`), which executes the very same [`FsOperation::run`].
+//! helper (see `helper`), which executes [`FsOperation::run_confined`]: the same method,
+//! acting only through descriptors opened at what the policy approved.
 
 use std::ops::Deref;
 
@@ -35,7 +36,7 @@ impl Deref for FsState {
 }
 
 /// One filesystem operation with host paths and every default applied: exactly what runs,
-/// in the server or in the fs helper.
+/// in the server ([`FsOperation::run`]) or in the fs helper ([`FsOperation::run_confined`]).
 pub(crate) trait FsOperation: Send + 'static {
     type Output: Send + 'static;
 
@@ -45,14 +46,12 @@ pub(crate) trait FsOperation: Send + 'static {
     /// Runs the operation synchronously on the calling thread.
     fn run(self) -> Result<Self::Output, RpcError>;
 
-    /// Runs the operation inside the fs helper, after its targets passed the checks;
-    /// listing operations override it to leave out what `policy` hides (SANDBOX.md §5.6).
-    fn run_confined(self, _policy: &SandboxPolicy) -> Result<Self::Output, RpcError>
-    where
-        Self: Sized,
-    {
-        self.run()
-    }
+    /// Runs the operation inside the fs helper (see `confined`): it resolves and checks
+    /// its targets against `policy` itself and acts only through descriptors opened
+    /// exactly at what was approved, checking every entry a recursive method touches
+    /// (SANDBOX.md §5.6). Deliberately without a default: running [`Self::run`] there would
+    /// reopen paths after the check.
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<Self::Output, RpcError>;
 
     /// The helper request's params: canonical `file:` URIs, every default explicit and
     /// `"sandbox": null` (§4.4).
@@ -133,6 +132,10 @@ mod tests {
         fn run(self) -> Result<(), RpcError> {
             self.0.store(true, Ordering::SeqCst);
             Ok(())
+        }
+
+        fn run_confined(self, _policy: &SandboxPolicy) -> Result<(), RpcError> {
+            unreachable!("the runtime's helper program does not exist")
         }
 
         fn helper_params(&self) -> Value {

@@ -3,7 +3,7 @@
 //! collected in `errors` and the walk goes on.
 
 use std::collections::{HashSet, VecDeque};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -18,7 +18,7 @@ use exec_server_core::proto::fs::{
 use exec_server_core::proto::path::to_file_uri;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
-use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::value::RawValue;
 
 use crate::blocking::IoResultExt;
@@ -65,7 +65,7 @@ impl FsOperation for Walk {
     }
 
     fn run_confined(self, policy: &SandboxPolicy) -> Result<WalkResult, RpcError> {
-        walk_confined(&self.root, &self.options, self.budget_bytes, Some(policy))
+        crate::confined::walk(policy, &self.root, &self.options, self.budget_bytes)
     }
 
     fn helper_params(&self) -> serde_json::Value {
@@ -111,44 +111,121 @@ pub(crate) fn walk(
     options: &WalkOptions,
     budget_bytes: usize,
 ) -> Result<WalkResult, RpcError> {
-    walk_confined(root, options, budget_bytes, None)
+    let Some(start) = ByPath.start(root, options.follow_directory_symlinks)? else {
+        return Ok(WalkResult::default());
+    };
+    Ok(Walker::new(ByPath, options, budget_bytes, root, start).run())
 }
 
-/// [`walk`] under a sandbox policy (SANDBOX.md §5.6): a directory the policy does not let
-/// us read is listed but not entered, with an `errors` item carrying the denial; a link
-/// whose target it hides is left out.
-pub(crate) fn walk_confined(
-    root: &Path,
-    options: &WalkOptions,
-    budget_bytes: usize,
-    policy: Option<&SandboxPolicy>,
-) -> Result<WalkResult, RpcError> {
-    let follow = options.follow_directory_symlinks;
-    if !fs::metadata(root).or_rpc()?.is_dir() {
-        return Ok(WalkResult::default());
+/// How a walk reaches the file system: by path in the server, through checked descriptors
+/// in the fs helper (`confined::walk`). The walk's order, limits and answer are the same.
+pub(crate) trait WalkSource {
+    /// A directory waiting in the queue.
+    type Queued;
+    /// A directory being listed.
+    type Listed;
+
+    /// The root to queue and its identity, or `None` when the root is not a directory to
+    /// walk (§5.11 step 1). An error is the method's error.
+    fn start(&self, root: &Path, follow: bool)
+        -> Result<Option<(Self::Queued, PathBuf)>, RpcError>;
+
+    /// Opens a queued directory and reads its names.
+    fn list(&self, directory: &Self::Queued) -> io::Result<(Self::Listed, Vec<OsString>)>;
+
+    /// What the entry `name` of a listed directory is (`path` is its reported path).
+    fn inspect(
+        &self,
+        directory: &Self::Listed,
+        path: &Path,
+        name: &OsStr,
+        follow: bool,
+    ) -> io::Result<Inspected<Self::Queued>>;
+
+    /// The identity of a directory about to be queued, for cycle detection.
+    fn identity(&self, queued: &Self::Queued, path: &Path, follow: bool) -> io::Result<PathBuf>;
+
+    /// Whether the walk may enter the directory; the refusal's message otherwise.
+    fn admit(&self, queued: &Self::Queued) -> Result<(), String>;
+}
+
+/// One entry as a [`WalkSource`] found it.
+pub(crate) enum Inspected<Q> {
+    /// Left out without a trace: a link whose target the sandbox hides.
+    Hidden,
+    Found {
+        is_link: bool,
+        /// `None` for anything that is neither a directory nor a regular file.
+        kind: Option<WalkEntryKind>,
+        /// What to queue if the walk descends into it.
+        descend: Q,
+    },
+}
+
+/// The server's walk: paths, links followed by the OS.
+struct ByPath;
+
+impl WalkSource for ByPath {
+    type Queued = PathBuf;
+    type Listed = PathBuf;
+
+    fn start(&self, root: &Path, follow: bool) -> Result<Option<(PathBuf, PathBuf)>, RpcError> {
+        if !fs::metadata(root).or_rpc()?.is_dir() {
+            return Ok(None);
+        }
+        if !follow
+            && fs::symlink_metadata(root)
+                .or_rpc()?
+                .file_type()
+                .is_symlink()
+        {
+            return Ok(None);
+        }
+        let identity = identity(root, follow).or_rpc()?;
+        Ok(Some((root.to_path_buf(), identity)))
     }
-    if !follow
-        && fs::symlink_metadata(root)
-            .or_rpc()?
-            .file_type()
-            .is_symlink()
-    {
-        return Ok(WalkResult::default());
+
+    fn list(&self, directory: &PathBuf) -> io::Result<(PathBuf, Vec<OsString>)> {
+        let names = fs::read_dir(directory)?
+            .map(|entry| entry.map(|e| e.file_name()))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok((directory.clone(), names))
     }
-    let root_identity = identity(root, follow).or_rpc()?;
-    let mut walk = Walker {
-        options,
-        policy,
-        budget_limit: budget_bytes,
-        budget_used: 0,
-        entry_count: 0,
-        directory_count: 1,
-        visited: HashSet::from([root_identity]),
-        queue: VecDeque::from([(root.to_path_buf(), 0)]),
-        result: WalkResult::default(),
-    };
-    walk.run();
-    Ok(walk.result)
+
+    fn inspect(
+        &self,
+        _directory: &PathBuf,
+        path: &Path,
+        _name: &OsStr,
+        _follow: bool,
+    ) -> io::Result<Inspected<PathBuf>> {
+        let own = fs::symlink_metadata(path)?;
+        let target = fs::metadata(path)?;
+        Ok(Inspected::Found {
+            is_link: own.file_type().is_symlink(),
+            kind: kind_of(&target),
+            descend: path.to_path_buf(),
+        })
+    }
+
+    fn identity(&self, queued: &PathBuf, _path: &Path, follow: bool) -> io::Result<PathBuf> {
+        identity(queued, follow)
+    }
+
+    fn admit(&self, _queued: &PathBuf) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The walk's kind of an entry described by `meta` (links already followed).
+pub(crate) fn kind_of(meta: &fs::Metadata) -> Option<WalkEntryKind> {
+    if meta.is_dir() {
+        Some(WalkEntryKind::Directory)
+    } else if meta.is_file() {
+        Some(WalkEntryKind::File)
+    } else {
+        None
+    }
 }
 
 /// Whether the walk goes on after a step.
@@ -160,42 +237,66 @@ enum Flow {
 
 /// The state of one walk: its counters, the queue of directories still to list and the
 /// answer so far.
-struct Walker<'a> {
+pub(crate) struct Walker<'a, S: WalkSource> {
+    source: S,
     options: &'a WalkOptions,
-    /// The sandbox policy inside the fs helper.
-    policy: Option<&'a SandboxPolicy>,
     budget_limit: usize,
     budget_used: usize,
     entry_count: usize,
     directory_count: usize,
     /// Identities of directories already queued, so link cycles are listed once.
     visited: HashSet<PathBuf>,
-    queue: VecDeque<(PathBuf, usize)>,
+    /// Each directory with its reported path and depth.
+    queue: VecDeque<(S::Queued, PathBuf, usize)>,
     result: WalkResult,
 }
 
-impl Walker<'_> {
-    fn run(&mut self) {
-        while let Some((directory, depth)) = self.queue.pop_front() {
-            let names = match sorted_names(&directory) {
-                Ok(names) => names,
+impl<'a, S: WalkSource> Walker<'a, S> {
+    /// A walk of `root`, whose [`WalkSource::start`] gave `start`.
+    pub(crate) fn new(
+        source: S,
+        options: &'a WalkOptions,
+        budget_bytes: usize,
+        root: &Path,
+        (queued, identity): (S::Queued, PathBuf),
+    ) -> Self {
+        Self {
+            source,
+            options,
+            budget_limit: budget_bytes,
+            budget_used: 0,
+            entry_count: 0,
+            directory_count: 1,
+            visited: HashSet::from([identity]),
+            queue: VecDeque::from([(queued, root.to_path_buf(), 0)]),
+            result: WalkResult::default(),
+        }
+    }
+
+    pub(crate) fn run(mut self) -> WalkResult {
+        while let Some((queued, directory, depth)) = self.queue.pop_front() {
+            let (listed, mut names) = match self.source.list(&queued) {
+                Ok(listing) => listing,
                 Err(error) => {
                     if self.record_error(&directory, &error) == Flow::Stop {
-                        return;
+                        break;
                     }
                     continue;
                 }
             };
-            for name in names {
-                if self.visit(&directory, depth, &name) == Flow::Stop {
-                    return;
-                }
+            names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+            if names
+                .iter()
+                .any(|name| self.visit(&listed, &directory, depth, name) == Flow::Stop)
+            {
+                break;
             }
         }
+        self.result
     }
 
     /// One name of a listed directory (§5.11 step 4).
-    fn visit(&mut self, directory: &Path, depth: usize, name: &OsString) -> Flow {
+    fn visit(&mut self, listed: &S::Listed, directory: &Path, depth: usize, name: &OsStr) -> Flow {
         if self.entry_count == self.options.max_entries {
             self.result.truncated = true;
             return Flow::Stop;
@@ -203,25 +304,21 @@ impl Walker<'_> {
         self.entry_count += 1;
 
         let path = directory.join(name);
-        let (target, is_link) = match fs::symlink_metadata(&path)
-            .and_then(|own| Ok((fs::metadata(&path)?, own.file_type().is_symlink())))
-        {
-            Ok(found) => found,
+        let follow = self.options.follow_directory_symlinks;
+        let (is_link, kind, descend) = match self.source.inspect(listed, &path, name, follow) {
+            // Its target's kind is not revealed.
+            Ok(Inspected::Hidden) => return Flow::Continue,
+            Ok(Inspected::Found {
+                is_link,
+                kind,
+                descend,
+            }) => (is_link, kind, descend),
             Err(error) => return self.record_error(&path, &error),
         };
-        let follow = self.options.follow_directory_symlinks;
-        if is_link && (!follow || !target.is_dir()) {
+        if is_link && (!follow || kind != Some(WalkEntryKind::Directory)) {
             return Flow::Continue;
         }
-        if is_link && !self.readable(&path) {
-            // Its target's kind is not revealed.
-            return Flow::Continue;
-        }
-        let kind = if target.is_dir() {
-            WalkEntryKind::Directory
-        } else if target.is_file() {
-            WalkEntryKind::File
-        } else {
+        let Some(kind) = kind else {
             return Flow::Continue;
         };
         let uri = to_file_uri(&path);
@@ -237,31 +334,23 @@ impl Walker<'_> {
         if hidden && self.options.prune_hidden_directories.unwrap_or(false) {
             return Flow::Continue;
         }
-        let id = match identity(&path, follow) {
+        let id = match self.source.identity(&descend, &path, follow) {
             Ok(id) => id,
             Err(error) => return self.record_error(&path, &error),
         };
         if !self.visited.insert(id) {
             return Flow::Continue;
         }
-        if !self.readable(&path) {
-            let resolved = resolve(&path, true);
-            let denial = RpcError::sandbox_read_denied(&resolved.to_string_lossy());
-            return self.record_message(&path, denial.message);
+        if let Err(denial) = self.source.admit(&descend) {
+            return self.record_message(&path, denial);
         }
         if self.directory_count == self.options.max_directories {
             self.result.truncated = true;
         } else {
             self.directory_count += 1;
-            self.queue.push_back((path, depth + 1));
+            self.queue.push_back((descend, path, depth + 1));
         }
         Flow::Continue
-    }
-
-    /// Whether the policy (if any) lets the walk read what `path` resolves to.
-    fn readable(&self, path: &Path) -> bool {
-        self.policy
-            .is_none_or(|policy| policy.allows(&resolve(path, true), AccessKind::Read))
     }
 
     /// Adds an error record if the budget allows (§5.11 step 5).
@@ -294,15 +383,6 @@ impl Walker<'_> {
             }
         }
     }
-}
-
-/// The names in `directory`, sorted by byte value.
-fn sorted_names(directory: &Path) -> io::Result<Vec<OsString>> {
-    let mut names = fs::read_dir(directory)?
-        .map(|entry| entry.map(|e| e.file_name()))
-        .collect::<io::Result<Vec<_>>>()?;
-    names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-    Ok(names)
 }
 
 /// A directory's identity for cycle detection: where it really is when links are

@@ -9,6 +9,7 @@ use exec_server_core::proto::bytes::{decode_base64, Empty};
 use exec_server_core::proto::fs::WriteFileParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -56,6 +57,10 @@ impl FsOperation for WriteFile {
 
     fn run(self) -> Result<(), RpcError> {
         write_file(&self.path, &self.data, self.follow_symlinks)
+    }
+
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<(), RpcError> {
+        crate::confined::write_file(policy, &self.path, &self.data, self.follow_symlinks)
     }
 
     fn helper_params(&self) -> serde_json::Value {

@@ -1,9 +1,13 @@
 //! The user-space checks of the fs helper (SANDBOX.md §5.6), per operation, and the
 //! classification of permission errors as sandbox denials (§7.1).
 //!
-//! They run after Landlock is in force and before the operation: they are the only
-//! enforcement of carve-outs, deny entries and metadata confidentiality, and a clearer
-//! second line for the root boundaries.
+//! They run after Landlock is in force and before the operation, and refuse what can be
+//! seen up front. They are not the last word: a check of a path is only worth what the
+//! operation then opens, so the executor approves every path again with
+//! [`SandboxPolicy::approve`] and acts through descriptors opened exactly at the approved
+//! resolution (`crate::anchored`), entry by entry for recursive operations. Together they
+//! are the only enforcement of carve-outs, deny entries and metadata confidentiality, and a
+//! clearer second line for the root boundaries.
 
 use std::path::PathBuf;
 

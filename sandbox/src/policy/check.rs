@@ -2,11 +2,11 @@
 //! the policy and an already resolved path (see [`super::resolve`]). It is the only
 //! enforcement of carve-outs, deny entries and metadata confidentiality for `fs/*`.
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use exec_server_proto::RpcError;
 
-use super::{Readable, SandboxPolicy};
+use super::{normalise_lexically, resolve, Readable, SandboxPolicy};
 
 /// The access an operation needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,29 @@ enum RuleKind {
 }
 
 impl SandboxPolicy {
+    /// Resolves `path` (§5.6, the last link followed only with `follow_last`) and decides
+    /// `access` on the resolution, which it returns: the only path the caller may then act
+    /// on, opened exactly (see [`crate::anchored`]) so that no link swapped in since can
+    /// redirect it.
+    pub fn approve(
+        &self,
+        path: &Path,
+        follow_last: bool,
+        access: AccessKind,
+    ) -> Result<PathBuf, RpcError> {
+        let resolved = resolve(path, follow_last);
+        self.check(&resolved, access)?;
+        Ok(resolved)
+    }
+
+    /// `decide(path, access)`.
+    pub fn check(&self, path: &Path, access: AccessKind) -> Result<(), RpcError> {
+        match access {
+            AccessKind::Read => self.check_read(path),
+            AccessKind::Write => self.check_write(path),
+        }
+    }
+
     /// `decide(path, read)`: the refusal names `path` (native form, lossy UTF-8).
     pub fn check_read(&self, path: &Path) -> Result<(), RpcError> {
         if self.allows(path, AccessKind::Read) {
@@ -58,8 +81,17 @@ impl SandboxPolicy {
         Ok(())
     }
 
-    /// The decision of §5.6 for a resolved absolute path.
+    /// The decision of §5.6 for a resolved absolute path. A path that still holds `.` or
+    /// `..` is judged on its lexical normal form, so such a path can never pass as lying
+    /// below a root it climbs out of.
     pub fn allows(&self, path: &Path, access: AccessKind) -> bool {
+        let normal;
+        let path = if is_lexically_normal(path) {
+            path
+        } else {
+            normal = normalise_lexically(path);
+            &normal
+        };
         if is_other_process(path) {
             return false;
         }
@@ -101,6 +133,11 @@ impl SandboxPolicy {
             .max_by_key(|(rule, kind)| (rule.components().count(), *kind))
             .map(|(_, kind)| kind)
     }
+}
+
+fn is_lexically_normal(path: &Path) -> bool {
+    path.components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
 /// `/proc/<n>` or below, for a pid `n` other than this process's (§5.6 rule 1).
