@@ -1,10 +1,12 @@
 //! The tables the server core reads, with the defaults of PROTOCOL §7.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::source::{ConfigError, ConfigSource, REDACTED};
+use crate::secret::{read_token_file, SecretString};
+use crate::source::{ConfigError, ConfigSource};
 
 /// Environment variable that can carry the WebSocket bearer token (PROTOCOL §1.3.2).
 pub const CONNECTION_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_CONNECTION_TOKEN";
@@ -49,8 +51,11 @@ impl Default for LimitsTable {
 pub struct WebsocketTable {
     pub max_frame_bytes: usize,
     pub ping_interval_ms: u64,
-    /// Shared secret required on the upgrade; also read from `CODEX_EXEC_SERVER_CONNECTION_TOKEN`.
-    pub bearer_token: Option<String>,
+    /// Shared secret required on the upgrade; also read from `CODEX_EXEC_SERVER_CONNECTION_TOKEN`
+    /// or from `bearer_token_file`. Prints as `<redacted>`.
+    pub bearer_token: Option<SecretString>,
+    /// File holding the bearer token (owner-only mode, whitespace trimmed).
+    pub bearer_token_file: Option<PathBuf>,
 }
 
 impl Default for WebsocketTable {
@@ -59,6 +64,7 @@ impl Default for WebsocketTable {
             max_frame_bytes: 16 * 1024 * 1024,
             ping_interval_ms: 30_000,
             bearer_token: None,
+            bearer_token_file: None,
         }
     }
 }
@@ -142,11 +148,12 @@ pub struct CoreConfig {
 
 impl CoreConfig {
     /// Extracts and validates the core tables. `connection_token_env` is the value of
-    /// `CODEX_EXEC_SERVER_CONNECTION_TOKEN` (passed in so tests need not touch the process
-    /// environment).
+    /// `CODEX_EXEC_SERVER_CONNECTION_TOKEN`, captured at start-up
+    /// ([`crate::secret_env::secret_variable`]; passed in so tests need not touch the
+    /// process environment).
     pub fn from_source(
         source: &ConfigSource,
-        connection_token_env: Option<String>,
+        connection_token_env: Option<SecretString>,
     ) -> Result<Self, ConfigError> {
         let mut config = Self {
             server: source.section("server")?,
@@ -191,40 +198,57 @@ impl CoreConfig {
         config.websocket.bearer_token = resolve_bearer_token(
             source,
             config.websocket.bearer_token.take(),
+            config.websocket.bearer_token_file.as_deref(),
             connection_token_env,
         )?;
         Ok(config)
     }
 
-    /// The effective configuration as JSON, with secrets redacted.
+    /// The effective configuration as JSON; secrets print as `<redacted>`.
     pub fn to_redacted_json(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).expect("config always serializes");
-        if self.websocket.bearer_token.is_some() {
-            value["websocket"]["bearer_token"] = REDACTED.into();
-        }
-        value
+        serde_json::to_value(self).expect("config always serializes")
     }
 }
 
+/// The one bearer token from its three mutually exclusive sources (an inline value and the
+/// variable may both be set when they agree, as PROTOCOL §1.3.2 allows).
 fn resolve_bearer_token(
     source: &ConfigSource,
-    configured: Option<String>,
-    from_env: Option<String>,
-) -> Result<Option<String>, ConfigError> {
+    configured: Option<SecretString>,
+    file: Option<&std::path::Path>,
+    from_env: Option<SecretString>,
+) -> Result<Option<SecretString>, ConfigError> {
     let configured = configured.filter(|t| !t.is_empty());
     let from_env = from_env.filter(|t| !t.is_empty());
-    let token = match (configured, from_env) {
-        (Some(a), Some(b)) if a != b => {
+    let file = file.filter(|path| !path.as_os_str().is_empty());
+    let token = match (file, configured, from_env) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            return Err(source.invalid(
+                "websocket.bearer_token_file",
+                format!(
+                    "cannot be combined with websocket.bearer_token or {CONNECTION_TOKEN_ENV}; set only one"
+                ),
+            ))
+        }
+        (Some(path), None, None) => {
+            let key = "websocket.bearer_token_file";
+            let token = read_token_file(path).map_err(|e| source.invalid(key, e.describe(path)))?;
+            if token.is_empty() {
+                return Err(source.invalid(key, format!("{} is empty", path.display())));
+            }
+            Some(token)
+        }
+        (None, Some(a), Some(b)) if a != b => {
             return Err(source.invalid(
                 "websocket.bearer_token",
                 format!("differs from the value of {CONNECTION_TOKEN_ENV}; set only one"),
             ))
         }
-        (Some(a), _) => Some(a),
-        (None, b) => b,
+        (None, Some(a), _) => Some(a),
+        (None, None, b) => b,
     };
     if let Some(token) = &token {
-        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        if !token.expose().bytes().all(|b| b.is_ascii_graphic()) {
             return Err(source.invalid(
                 "websocket.bearer_token",
                 "must consist of visible ASCII characters",
@@ -293,19 +317,81 @@ mod tests {
         );
     }
 
+    fn token(config: &CoreConfig) -> Option<&str> {
+        config
+            .websocket
+            .bearer_token
+            .as_ref()
+            .map(SecretString::expose)
+    }
+
     #[test]
     fn bearer_token_sources_must_agree() {
         let source = ConfigSource::from_toml_str("[websocket]\nbearer_token = \"a\"\n");
-        assert!(CoreConfig::from_source(&source, Some("b".into())).is_err());
-        let c = CoreConfig::from_source(&source, Some("a".into())).unwrap();
-        assert_eq!(c.websocket.bearer_token.as_deref(), Some("a"));
-        assert_eq!(c.to_redacted_json()["websocket"]["bearer_token"], REDACTED);
-        let env_only = CoreConfig::from_source(&ConfigSource::from_toml_str(""), Some("t".into()));
+        assert!(CoreConfig::from_source(&source, Some(SecretString::new("b"))).is_err());
+        let c = CoreConfig::from_source(&source, Some(SecretString::new("a"))).unwrap();
+        assert_eq!(token(&c), Some("a"));
         assert_eq!(
-            env_only.unwrap().websocket.bearer_token.as_deref(),
-            Some("t")
+            c.to_redacted_json()["websocket"]["bearer_token"],
+            crate::REDACTED
         );
+        let env_only = CoreConfig::from_source(
+            &ConfigSource::from_toml_str(""),
+            Some(SecretString::new("t")),
+        );
+        assert_eq!(token(&env_only.unwrap()), Some("t"));
         let bad = ConfigSource::from_toml_str("[websocket]\nbearer_token = \"a b\"\n");
         assert!(CoreConfig::from_source(&bad, None).is_err());
+        let number = ConfigSource::from_toml_str("[websocket]\nbearer_token = 987654321\n");
+        let error = CoreConfig::from_source(&number, None).unwrap_err();
+        assert!(
+            error
+                .0
+                .starts_with("invalid config: websocket.bearer_token: must be a string"),
+            "{error}"
+        );
+        assert!(!error.0.contains("987654321"), "{error}");
+    }
+
+    #[test]
+    fn the_bearer_token_file_is_exclusive_and_mode_checked() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "file-token\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let toml = format!(
+            "[websocket]\nbearer_token_file = {:?}\n",
+            path.to_str().unwrap()
+        );
+        let source = ConfigSource::from_toml_str(&toml);
+        let config = CoreConfig::from_source(&source, None).unwrap();
+        assert_eq!(token(&config), Some("file-token"));
+
+        let error = CoreConfig::from_source(&source, Some(SecretString::new("env"))).unwrap_err();
+        assert!(
+            error
+                .0
+                .starts_with("invalid config: websocket.bearer_token_file cannot be combined with"),
+            "{error}"
+        );
+        let both = ConfigSource::from_toml_str(&format!("{toml}bearer_token = \"x\"\n"));
+        assert!(CoreConfig::from_source(&both, None).is_err());
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = CoreConfig::from_source(&source, None).unwrap_err();
+        let shown = path.display();
+        assert!(
+            error.0.starts_with(&format!(
+                "invalid config: websocket.bearer_token_file {shown} is readable or writable by group or others (mode 0644); fix it with `chmod 600 {shown}`"
+            )),
+            "{error}"
+        );
+        assert!(!error.0.contains("file-token"), "{error}");
+
+        std::fs::write(&path, " \n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let error = CoreConfig::from_source(&source, None).unwrap_err();
+        assert!(error.0.contains("is empty"), "{error}");
     }
 }

@@ -37,7 +37,11 @@ pub struct SandboxRuntime {
 }
 
 /// Keys whose value names a file holding a secret (a token or a key).
-const SECRET_FILE_KEYS: &[&str] = &["relay.token_file", "rendezvous.signing_key_file"];
+const SECRET_FILE_KEYS: &[&str] = &[
+    "relay.token_file",
+    "rendezvous.signing_key_file",
+    "websocket.bearer_token_file",
+];
 
 /// The configuration file the server read and every secret file its configuration names
 /// (SANDBOX.md §2.10), canonical where they exist.

@@ -131,7 +131,7 @@ async fn route(
 /// `/metrics` reveals activity, so it is guarded by the bearer token like the upgrade.
 fn metrics_response(server: &ServerContext, headers: &axum::http::HeaderMap) -> Response {
     if let Some(expected) = &server.core.websocket.bearer_token {
-        if !bearer_matches(headers.get(header::AUTHORIZATION), expected) {
+        if !bearer_matches(headers.get(header::AUTHORIZATION), expected.expose()) {
             return unauthorized();
         }
     }
@@ -162,7 +162,7 @@ async fn upgrade(
         Err(rejection) => return rejection.into_response(),
     };
     if let Some(expected) = &server.core.websocket.bearer_token {
-        if !bearer_matches(parts.headers.get(header::AUTHORIZATION), expected) {
+        if !bearer_matches(parts.headers.get(header::AUTHORIZATION), expected.expose()) {
             return unauthorized();
         }
     }

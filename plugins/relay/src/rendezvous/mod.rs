@@ -23,7 +23,8 @@ use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
-use exec_server_core::config::ConfigSource;
+use exec_server_core::config::secret::read_secret_file;
+use exec_server_core::config::{secret_env, ConfigSource};
 use exec_server_core::StartupError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -37,7 +38,7 @@ pub use state::RouterTiming;
 use state::{Hub, SocketRole};
 
 /// Environment variable holding the base64 signing key (§8.4).
-pub const SIGNING_KEY_ENV: &str = "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY";
+pub const SIGNING_KEY_ENV: &str = secret_env::RENDEZVOUS_SIGNING_KEY_ENV;
 /// Largest registry request body (§7.6).
 const MAX_REQUEST_BODY: usize = 64 * 1024;
 
@@ -105,16 +106,19 @@ fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
 
 fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
     if let Some(path) = &config.signing_key_file {
-        let bytes = std::fs::read(path).map_err(|e| {
+        let mut bytes = read_secret_file(path).map_err(|e| {
             format!(
-                "cannot read rendezvous.signing_key_file {}: {e}",
-                path.display()
+                "invalid config: rendezvous.signing_key_file {}",
+                e.describe(path)
             )
         })?;
-        return SigningKey::new(&bytes);
+        let key = SigningKey::new(&bytes);
+        zeroize::Zeroize::zeroize(&mut bytes);
+        return key;
     }
-    if let Ok(text) = std::env::var(SIGNING_KEY_ENV) {
-        return SigningKey::from_base64(&text);
+    // Captured and erased from the environment at start-up.
+    if let Some(text) = secret_env::secret_variable(SIGNING_KEY_ENV) {
+        return SigningKey::from_base64(text.expose());
     }
     tracing::warn!(
         "no rendezvous signing key configured; generated one for this run: URLs and authorizations will not survive a restart"
