@@ -121,6 +121,7 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
             let args = exec_server_relay::rendezvous::RendezvousArgs {
                 listen: cli.listen.first().cloned(),
                 public_url,
+                listener: (&core.listener).into(),
             };
             exec_server_relay::rendezvous::run_cli(&source, args)
         }
@@ -128,9 +129,13 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
     }
 }
 
-/// Logs what the start-up hardening could not do.
+/// Logs what the start-up hardening could not do and raises the descriptor limit, which
+/// the listeners' reserve is computed from.
 fn prepare_to_listen() {
     hygiene::log_deferred_warnings();
+    if let Err(e) = hygiene::raise_open_file_limit() {
+        tracing::warn!("could not raise the open-file limit: {e}");
+    }
 }
 
 /// Fails with the crate name when a plugin this binary should have is not registered.

@@ -16,6 +16,7 @@ pub const CORE_TABLES: &[&str] = &[
     "server",
     "limits",
     "websocket",
+    "listener",
     "dispatch",
     "connection",
     "session",
@@ -66,6 +67,81 @@ impl Default for WebsocketTable {
             bearer_token: None,
             bearer_token_file: None,
         }
+    }
+}
+
+/// `[listener]`: what an unauthenticated peer may hold on a network listener (the WebSocket
+/// transport and the rendezvous service) before it is cut off.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenerTable {
+    /// Time allowed for a request's head (request line and headers), from the connection's
+    /// start or the end of the previous request.
+    pub header_read_timeout_ms: u64,
+    /// Time a connection may stay open before it is upgraded to a WebSocket; connections
+    /// that never upgrade (health probes, registry calls) are closed after it too.
+    pub upgrade_timeout_ms: u64,
+    /// Open connections, upgraded or not; beyond it new ones are closed at once.
+    pub max_connections: usize,
+    /// Connections not yet upgraded; at the cap the oldest one is closed.
+    pub max_pending_connections: usize,
+    /// Connections not yet upgraded from one peer address (IPv6: one /64); at the cap the
+    /// peer's oldest one is closed.
+    pub max_pending_per_peer: usize,
+    /// File descriptors kept free for the server's own work: a connection whose descriptor
+    /// would eat into them is closed right after accept. 0 switches the reserve off.
+    pub fd_reserve: usize,
+}
+
+impl Default for ListenerTable {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: 10_000,
+            upgrade_timeout_ms: 30_000,
+            max_connections: 4096,
+            max_pending_connections: 512,
+            max_pending_per_peer: 64,
+            fd_reserve: 256,
+        }
+    }
+}
+
+impl ListenerTable {
+    /// Extracts and validates `[listener]`.
+    pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
+        let table: Self = source.section("listener")?;
+        source.require_positive(
+            "listener",
+            &[
+                ("header_read_timeout_ms", table.header_read_timeout_ms),
+                ("upgrade_timeout_ms", table.upgrade_timeout_ms),
+                ("max_connections", table.max_connections as u64),
+                (
+                    "max_pending_connections",
+                    table.max_pending_connections as u64,
+                ),
+                ("max_pending_per_peer", table.max_pending_per_peer as u64),
+            ],
+        )?;
+        if table.max_pending_per_peer > table.max_pending_connections {
+            return Err(source.invalid(
+                "listener.max_pending_per_peer",
+                format!(
+                    "must not exceed listener.max_pending_connections ({}), got {}",
+                    table.max_pending_connections, table.max_pending_per_peer
+                ),
+            ));
+        }
+        if table.max_pending_connections > table.max_connections {
+            return Err(source.invalid(
+                "listener.max_pending_connections",
+                format!(
+                    "must not exceed listener.max_connections ({}), got {}",
+                    table.max_connections, table.max_pending_connections
+                ),
+            ));
+        }
+        Ok(table)
     }
 }
 
@@ -139,6 +215,7 @@ pub struct CoreConfig {
     pub server: ServerTable,
     pub limits: LimitsTable,
     pub websocket: WebsocketTable,
+    pub listener: ListenerTable,
     pub dispatch: DispatchTable,
     pub connection: ConnectionTable,
     pub session: SessionTable,
@@ -159,6 +236,7 @@ impl CoreConfig {
             server: source.section("server")?,
             limits: source.section("limits")?,
             websocket: source.section("websocket")?,
+            listener: ListenerTable::from_source(source)?,
             dispatch: source.section("dispatch")?,
             connection: source.section("connection")?,
             session: source.section("session")?,
@@ -393,5 +471,41 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let error = CoreConfig::from_source(&source, None).unwrap_err();
         assert!(error.0.contains("is empty"), "{error}");
+    }
+
+    #[test]
+    fn listener_limits_are_positive_and_nested() {
+        let c = CoreConfig::from_source(&ConfigSource::from_toml_str(""), None).unwrap();
+        assert_eq!(c.listener, ListenerTable::default());
+        for (toml, key) in [
+            (
+                "header_read_timeout_ms = 0",
+                "listener.header_read_timeout_ms",
+            ),
+            ("upgrade_timeout_ms = 0", "listener.upgrade_timeout_ms"),
+            (
+                "max_pending_per_peer = 600",
+                "listener.max_pending_per_peer",
+            ),
+            (
+                "max_pending_connections = 5000",
+                "listener.max_pending_connections",
+            ),
+        ] {
+            let source = ConfigSource::from_toml_str(&format!("[listener]\n{toml}\n"));
+            let error = CoreConfig::from_source(&source, None).unwrap_err();
+            assert!(
+                error.0.starts_with(&format!("invalid config: {key} ")),
+                "{toml}: {error}"
+            );
+        }
+        let off = ConfigSource::from_toml_str("[listener]\nfd_reserve = 0\n");
+        assert_eq!(
+            CoreConfig::from_source(&off, None)
+                .unwrap()
+                .listener
+                .fd_reserve,
+            0
+        );
     }
 }

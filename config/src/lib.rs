@@ -17,6 +17,6 @@ pub mod secret;
 pub mod secret_env;
 pub mod source;
 
-pub use crate::core::{CoreConfig, PluginSwitch};
+pub use crate::core::{CoreConfig, ListenerTable, PluginSwitch};
 pub use crate::secret::SecretString;
 pub use crate::source::{CliOverrides, ConfigError, ConfigSource, REDACTED};

@@ -22,9 +22,9 @@ use axum::extract::{FromRequestParts, Path, State};
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use exec_server_core::config::secret::read_secret_file;
 use exec_server_core::config::{secret_env, ConfigSource};
+use exec_server_core::transport::http_server::{serve_http, ListenerLimits};
 use exec_server_core::StartupError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -42,11 +42,12 @@ pub const SIGNING_KEY_ENV: &str = secret_env::RENDEZVOUS_SIGNING_KEY_ENV;
 /// Largest registry request body (§7.6).
 const MAX_REQUEST_BODY: usize = 64 * 1024;
 
-/// Command-line flags of `exec-server rendezvous` (§9.5).
+/// Command-line flags of `exec-server rendezvous` (§9.5), and the `[listener]` limits.
 #[derive(Debug, Clone, Default)]
 pub struct RendezvousArgs {
     pub listen: Option<String>,
     pub public_url: Option<String>,
+    pub listener: ListenerLimits,
 }
 
 struct TokenEntry {
@@ -126,10 +127,12 @@ fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
     Ok(SigningKey::random())
 }
 
-/// Starts the service from its configuration; returns once it listens.
+/// Starts the service from its configuration; returns once it listens. Its listener
+/// runs under `limits`, like every network listener.
 pub async fn start(
     config: RendezvousConfig,
     timing: RouterTiming,
+    limits: ListenerLimits,
 ) -> Result<RunningRendezvous, String> {
     let addr = parse_listen(&config.listen)?;
     if !addr.ip().is_loopback() && config.public_url.is_none() && !config.allow_insecure {
@@ -202,15 +205,7 @@ pub async fn start(
     let stop = shutdown.clone();
     let sweeper = hub.spawn_sweeper(shutdown.clone());
     let task = tokio::spawn(async move {
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let result = axum::serve(listener, app.into_make_service())
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "rendezvous service failed");
-        }
+        serve_http(listener, app, limits, "rendezvous", stop).await;
         hub.close_all(Duration::from_secs(1)).await;
         sweeper.abort();
     });
@@ -236,7 +231,7 @@ pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), Startu
         .build()
         .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
     runtime.block_on(async move {
-        let running = start(config, RouterTiming::default())
+        let running = start(config, RouterTiming::default(), args.listener)
             .await
             .map_err(StartupError)?;
         {

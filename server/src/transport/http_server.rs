@@ -1,0 +1,435 @@
+//! The one accept-and-serve loop of every network listener — the WebSocket transport and
+//! the rendezvous service — serving an axum app over HTTP/1.1 under the `[listener]`
+//! limits, so that peers who have not authenticated cannot hold the server's descriptors:
+//!
+//! * a request head must arrive within `header_read_timeout_ms` (hyper's timer);
+//! * a connection must be upgraded within `upgrade_timeout_ms` of its accept, or it is
+//!   closed (plain HTTP connections — probes, registry calls — live at most that long);
+//! * connections not yet upgraded are capped per peer and in total, evicting the oldest
+//!   ([`super::pending`]);
+//! * open connections are capped at `max_connections`, and a connection whose descriptor
+//!   eats into the `fd_reserve` kept for the server's own work is closed right after accept;
+//! * `accept` failing for lack of descriptors backs off ([`super::accept_backoff`]).
+//!
+//! Every refusal, eviction and time-out is counted in `/metrics`, labelled by listener.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd as _;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use exec_server_config::ListenerTable;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tower_service::Service as _;
+
+use super::accept_backoff::{error_label, is_connection_error, AcceptBackoff};
+use super::pending::{Evictions, PendingSlot, PendingTable};
+use crate::metrics::{self, Counter, Gauge};
+
+/// The limits of one listener, from `[listener]`.
+#[derive(Debug, Clone)]
+pub struct ListenerLimits {
+    pub header_read_timeout: Duration,
+    pub upgrade_timeout: Duration,
+    pub max_connections: usize,
+    pub max_pending_connections: usize,
+    pub max_pending_per_peer: usize,
+    pub fd_reserve: usize,
+}
+
+impl From<&ListenerTable> for ListenerLimits {
+    fn from(table: &ListenerTable) -> Self {
+        Self {
+            header_read_timeout: Duration::from_millis(table.header_read_timeout_ms),
+            upgrade_timeout: Duration::from_millis(table.upgrade_timeout_ms),
+            max_connections: table.max_connections,
+            max_pending_connections: table.max_pending_connections,
+            max_pending_per_peer: table.max_pending_per_peer,
+            fd_reserve: table.fd_reserve,
+        }
+    }
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self::from(&ListenerTable::default())
+    }
+}
+
+/// Answer written (without blocking) to a connection closed right after accept, so that a
+/// client learns why; an attacker's connection gets nothing more.
+const REFUSAL: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+/// Serves `app` on `listener` until `shutdown` is cancelled. `name` labels the listener in
+/// logs and `/metrics` (`websocket`, `rendezvous`). The app sees each request's peer as
+/// `ConnectInfo<SocketAddr>`.
+pub async fn serve_http(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: ListenerLimits,
+    name: &'static str,
+    shutdown: CancellationToken,
+) {
+    let metrics = Arc::new(ListenerMetrics::new(name));
+    let pending = PendingTable::new(
+        limits.max_pending_per_peer,
+        limits.max_pending_connections,
+        metrics.pending.clone(),
+    );
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let headroom = DescriptorHeadroom::new(limits.fd_reserve, name);
+    let limits = Arc::new(limits);
+    let mut backoff = AcceptBackoff::new(name);
+    let mut refusals = RefusalLog::new(name);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) if is_connection_error(&error) => continue,
+            Err(error) => {
+                metrics.accept_error(&error).inc();
+                let delay = backoff.failed(&error);
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(delay) => continue,
+                }
+            }
+        };
+        backoff.succeeded();
+        if headroom.exhausted(&stream) {
+            metrics.refused_fd_reserve.inc();
+            refusals.refused("fewer than listener.fd_reserve descriptors are left");
+            refuse(stream);
+            continue;
+        }
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            metrics.refused_max_connections.inc();
+            refusals.refused("listener.max_connections connections are open");
+            refuse(stream);
+            continue;
+        };
+        refusals.admitted();
+        // Request/response traffic: Nagle + delayed ACK would add ~40 ms.
+        let _ = stream.set_nodelay(true);
+        let (slot, evictions) = pending.admit(peer.ip());
+        metrics.record(evictions);
+        metrics.accepted.inc();
+        let stream = GuardedStream {
+            stream,
+            _open: OpenConnection::new(permit, metrics.open.clone()),
+        };
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            slot,
+            app.clone(),
+            Arc::clone(&limits),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ));
+    }
+}
+
+fn refuse(stream: TcpStream) {
+    let _ = stream.try_write(REFUSAL);
+}
+
+/// Serves one connection until it is upgraded, closes, times out, is evicted or the
+/// server shuts down. An upgraded connection lives on in the app's upgrade task, still
+/// holding its place in `max_connections` through [`GuardedStream`].
+async fn serve_connection(
+    stream: GuardedStream,
+    peer: SocketAddr,
+    slot: PendingSlot,
+    app: axum::Router,
+    limits: Arc<ListenerLimits>,
+    metrics: Arc<ListenerMetrics>,
+    shutdown: CancellationToken,
+) {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        app.clone().call(request)
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(connection);
+    let deadline = tokio::time::sleep(limits.upgrade_timeout);
+    tokio::pin!(deadline);
+    let evicted = slot.evicted();
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    if error.is_timeout() {
+                        metrics.header_timeouts.inc();
+                        tracing::debug!(%peer, "closed a connection whose request head did not arrive in time");
+                    } else {
+                        tracing::trace!(%peer, %error, "connection ended with an error");
+                    }
+                }
+                break;
+            }
+            () = &mut deadline => {
+                metrics.upgrade_timeouts.inc();
+                tracing::debug!(%peer, "closed a connection that was not upgraded in time");
+                break;
+            }
+            () = evicted.cancelled() => {
+                tracing::debug!(%peer, "closed the oldest pending connection to make room");
+                break;
+            }
+            () = shutdown.cancelled(), if !draining => {
+                draining = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Decides whether an accepted descriptor eats into the reserve. The kernel hands out the
+/// lowest free descriptor number, so a socket numbered `n` proves descriptors `0..n` are
+/// all in use: one comparison, no counting.
+struct DescriptorHeadroom {
+    /// The first descriptor number inside the reserve; `None`: no reserve.
+    high_water: Option<i32>,
+}
+
+impl DescriptorHeadroom {
+    fn new(reserve: usize, listener: &'static str) -> Self {
+        let Some(limit) = crate::hygiene::open_file_limit() else {
+            return Self { high_water: None };
+        };
+        if reserve == 0 {
+            return Self { high_water: None };
+        }
+        // Never reserve more than half: a tiny limit must still admit connections.
+        let reserve = (reserve as u64).min(limit / 2);
+        let high_water = i32::try_from(limit - reserve).ok();
+        tracing::debug!(
+            listener,
+            limit,
+            reserve,
+            "connections are refused once descriptor numbers reach limit - reserve"
+        );
+        Self { high_water }
+    }
+
+    fn exhausted(&self, stream: &TcpStream) -> bool {
+        self.high_water
+            .is_some_and(|high_water| stream.as_raw_fd() >= high_water)
+    }
+}
+
+/// Logs refusals once per episode: a warning when connections start being refused, and
+/// an info line with the count when one is admitted again.
+struct RefusalLog {
+    listener: &'static str,
+    refused: u64,
+}
+
+impl RefusalLog {
+    fn new(listener: &'static str) -> Self {
+        Self {
+            listener,
+            refused: 0,
+        }
+    }
+
+    fn refused(&mut self, why: &str) {
+        if self.refused == 0 {
+            tracing::warn!(
+                listener = self.listener,
+                "closing new connections right after accept: {why}"
+            );
+        }
+        self.refused += 1;
+    }
+
+    fn admitted(&mut self) {
+        if self.refused > 0 {
+            tracing::info!(
+                listener = self.listener,
+                refused = self.refused,
+                "admitting connections again"
+            );
+            self.refused = 0;
+        }
+    }
+}
+
+/// One open connection's share of `max_connections` and of the open-connections gauge.
+struct OpenConnection {
+    _permit: OwnedSemaphorePermit,
+    gauge: Gauge,
+}
+
+impl OpenConnection {
+    fn new(permit: OwnedSemaphorePermit, gauge: Gauge) -> Self {
+        gauge.inc();
+        Self {
+            _permit: permit,
+            gauge,
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+/// The accepted socket with its [`OpenConnection`]: after an upgrade the socket moves into
+/// the WebSocket, and the place is given back only when that closes.
+struct GuardedStream {
+    stream: TcpStream,
+    _open: OpenConnection,
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Every value of [`error_label`], the catch-all last.
+const ACCEPT_ERROR_LABELS: [&str; 3] = ["emfile", "enfile", "other"];
+
+/// The listener's series in `/metrics`, all labelled `listener="<name>"`.
+struct ListenerMetrics {
+    accepted: Counter,
+    accept_errors: [Counter; 3],
+    refused_max_connections: Counter,
+    refused_fd_reserve: Counter,
+    evicted_per_peer: Counter,
+    evicted_total: Counter,
+    header_timeouts: Counter,
+    upgrade_timeouts: Counter,
+    open: Gauge,
+    pending: Gauge,
+}
+
+impl ListenerMetrics {
+    fn new(name: &'static str) -> Self {
+        let label = [("listener", name)];
+        let refused = |reason| {
+            metrics::counter(
+                "exec_server_listener_connections_refused_total",
+                "Connections closed right after accept, by reason.",
+                &[("listener", name), ("reason", reason)],
+            )
+        };
+        let evicted = |cap| {
+            metrics::counter(
+                "exec_server_listener_connections_evicted_total",
+                "Pending (not yet upgraded) connections closed to make room for a newer one, by the cap reached.",
+                &[("listener", name), ("cap", cap)],
+            )
+        };
+        let accept_error = |error| {
+            metrics::counter(
+                "exec_server_listener_accept_errors_total",
+                "Failed accept calls (the listener backs off), by error.",
+                &[("listener", name), ("error", error)],
+            )
+        };
+        Self {
+            accept_errors: ACCEPT_ERROR_LABELS.map(accept_error),
+            accepted: metrics::counter(
+                "exec_server_listener_connections_accepted_total",
+                "Connections accepted and served.",
+                &label,
+            ),
+            refused_max_connections: refused("max_connections"),
+            refused_fd_reserve: refused("fd_reserve"),
+            evicted_per_peer: evicted("per_peer"),
+            evicted_total: evicted("total"),
+            header_timeouts: metrics::counter(
+                "exec_server_listener_header_timeouts_total",
+                "Connections closed because a request head did not arrive in time.",
+                &label,
+            ),
+            upgrade_timeouts: metrics::counter(
+                "exec_server_listener_upgrade_timeouts_total",
+                "Connections closed because they were not upgraded in time.",
+                &label,
+            ),
+            open: metrics::gauge(
+                "exec_server_listener_open_connections",
+                "Open connections, upgraded or not.",
+                &label,
+            ),
+            pending: metrics::gauge(
+                "exec_server_listener_pending_connections",
+                "Connections not yet upgraded.",
+                &label,
+            ),
+        }
+    }
+
+    fn accept_error(&self, error: &std::io::Error) -> &Counter {
+        let label = error_label(error);
+        let index = ACCEPT_ERROR_LABELS
+            .iter()
+            .position(|l| *l == label)
+            .unwrap_or(ACCEPT_ERROR_LABELS.len() - 1);
+        &self.accept_errors[index]
+    }
+
+    fn record(&self, evictions: Evictions) {
+        self.evicted_per_peer.add(evictions.per_peer);
+        self.evicted_total.add(evictions.total);
+    }
+}

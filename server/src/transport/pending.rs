@@ -1,0 +1,264 @@
+//! The connections a listener has accepted but not yet upgraded (nor answered for good),
+//! and which of them to close when a cap is reached.
+//!
+//! A pending connection costs the server a descriptor while proving nothing about its
+//! peer, so their number is capped per peer address and in total. At a cap the **oldest**
+//! pending connection of that peer (resp. overall) is closed rather than the new one
+//! refused: an attacker who stalls connections keeps pushing out only its own stale ones,
+//! while a legitimate client — even one that shares the attacker's address — gets the
+//! moment it needs to finish its upgrade.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Gauge;
+
+/// Pending connections of one listener.
+pub(crate) struct PendingTable {
+    inner: Mutex<Inner>,
+    max_per_peer: usize,
+    max_total: usize,
+    /// How many are pending now (`/metrics`).
+    gauge: Gauge,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    /// Every pending connection by admission order (ids only grow): the first is the oldest.
+    by_age: BTreeMap<u64, Entry>,
+    /// Each peer's pending ids, oldest first.
+    by_peer: HashMap<IpAddr, VecDeque<u64>>,
+}
+
+struct Entry {
+    peer: IpAddr,
+    /// Cancelled when the connection is evicted; its task then closes it.
+    evict: CancellationToken,
+}
+
+/// How many connections one admission pushed out, by the cap that was reached.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Evictions {
+    pub per_peer: u64,
+    pub total: u64,
+}
+
+/// One pending connection's place in the table; dropping it (the connection upgraded or
+/// closed) frees the place.
+pub(crate) struct PendingSlot {
+    table: Arc<PendingTable>,
+    id: u64,
+    evicted: CancellationToken,
+}
+
+impl PendingSlot {
+    /// Resolves when the table evicted this connection to make room for a newer one.
+    pub(crate) fn evicted(&self) -> CancellationToken {
+        self.evicted.clone()
+    }
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        self.table.remove(self.id);
+    }
+}
+
+/// The address a per-peer cap counts by: IPv4 addresses as they are (IPv4-mapped IPv6
+/// included), IPv6 addresses by their /64, the block one subscriber usually holds.
+pub(crate) fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(Ipv6Addr::from(prefix))
+            }
+        },
+    }
+}
+
+impl PendingTable {
+    pub(crate) fn new(max_per_peer: usize, max_total: usize, gauge: Gauge) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner::default()),
+            max_per_peer: max_per_peer.max(1),
+            max_total: max_total.max(1),
+            gauge,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Admits a new connection from `ip`, first evicting the oldest pending connection of
+    /// the same peer and then the oldest overall if a cap is reached.
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> (PendingSlot, Evictions) {
+        let peer = peer_key(ip);
+        let mut evictions = Evictions::default();
+        let mut inner = self.lock();
+        let peer_count = inner.by_peer.get(&peer).map_or(0, VecDeque::len);
+        if peer_count >= self.max_per_peer {
+            if let Some(oldest) = inner
+                .by_peer
+                .get(&peer)
+                .and_then(|ids| ids.front().copied())
+            {
+                inner.evict(oldest);
+                evictions.per_peer += 1;
+            }
+        }
+        if inner.by_age.len() >= self.max_total {
+            if let Some(oldest) = inner.by_age.keys().next().copied() {
+                inner.evict(oldest);
+                evictions.total += 1;
+            }
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let evicted = CancellationToken::new();
+        inner.by_age.insert(
+            id,
+            Entry {
+                peer,
+                evict: evicted.clone(),
+            },
+        );
+        inner.by_peer.entry(peer).or_default().push_back(id);
+        self.gauge.set(inner.by_age.len() as i64);
+        drop(inner);
+        let slot = PendingSlot {
+            table: Arc::clone(self),
+            id,
+            evicted,
+        };
+        (slot, evictions)
+    }
+
+    fn remove(&self, id: u64) {
+        let mut inner = self.lock();
+        inner.forget(id);
+        self.gauge.set(inner.by_age.len() as i64);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().by_age.len()
+    }
+}
+
+impl Inner {
+    fn evict(&mut self, id: u64) {
+        if let Some(entry) = self.forget(id) {
+            entry.evict.cancel();
+        }
+    }
+
+    fn forget(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.by_age.remove(&id)?;
+        if let Some(ids) = self.by_peer.get_mut(&entry.peer) {
+            ids.retain(|&other| other != id);
+            if ids.is_empty() {
+                self.by_peer.remove(&entry.peer);
+            }
+        }
+        Some(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn table(per_peer: usize, total: usize) -> Arc<PendingTable> {
+        PendingTable::new(per_peer, total, Gauge::default())
+    }
+
+    #[test]
+    fn a_peer_at_its_cap_loses_its_oldest_connection() {
+        let table = table(2, 10);
+        let (a1, _) = table.admit(ip("10.0.0.1"));
+        let (b1, _) = table.admit(ip("10.0.0.2"));
+        let (a2, _) = table.admit(ip("10.0.0.1"));
+        let (a3, evictions) = table.admit(ip("10.0.0.1"));
+        assert_eq!(
+            evictions,
+            Evictions {
+                per_peer: 1,
+                total: 0
+            }
+        );
+        assert!(a1.evicted().is_cancelled());
+        assert!(!a2.evicted().is_cancelled());
+        assert!(!a3.evicted().is_cancelled());
+        assert!(!b1.evicted().is_cancelled());
+        assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn the_total_cap_evicts_the_oldest_of_anyone() {
+        let table = table(5, 3);
+        let (first, _) = table.admit(ip("10.0.0.1"));
+        let (second, _) = table.admit(ip("10.0.0.2"));
+        let (third, _) = table.admit(ip("10.0.0.3"));
+        let (fourth, evictions) = table.admit(ip("10.0.0.4"));
+        assert_eq!(
+            evictions,
+            Evictions {
+                per_peer: 0,
+                total: 1
+            }
+        );
+        assert!(first.evicted().is_cancelled());
+        for slot in [&second, &third, &fourth] {
+            assert!(!slot.evicted().is_cancelled());
+        }
+        assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn finished_connections_free_their_place() {
+        let gauge = Gauge::default();
+        let table = PendingTable::new(1, 4, gauge.clone());
+        let (a, _) = table.admit(ip("10.0.0.1"));
+        assert_eq!(gauge.get(), 1);
+        drop(a);
+        assert_eq!(gauge.get(), 0);
+        let (b, evictions) = table.admit(ip("10.0.0.1"));
+        assert_eq!(evictions, Evictions::default());
+        assert!(!b.evicted().is_cancelled());
+        // An evicted slot dropped later frees nothing twice.
+        let (c, _) = table.admit(ip("10.0.0.1"));
+        assert!(b.evicted().is_cancelled());
+        drop(b);
+        assert_eq!(table.len(), 1);
+        drop(c);
+        assert_eq!(table.len(), 0);
+        assert!(table.lock().by_peer.is_empty());
+    }
+
+    #[test]
+    fn peers_are_grouped_by_ipv4_address_and_ipv6_slash_64() {
+        assert_eq!(peer_key(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(peer_key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        let table = table(1, 10);
+        let (a, _) = table.admit(ip("2001:db8:1:2::1"));
+        let (_b, evictions) = table.admit(ip("2001:db8:1:2::2"));
+        assert_eq!(evictions.per_peer, 1);
+        assert!(a.evicted().is_cancelled());
+        let (_c, evictions) = table.admit(ip("2001:db8:1:3::1"));
+        assert_eq!(evictions, Evictions::default());
+    }
+}
