@@ -1,7 +1,9 @@
 //! What a listener does when `accept` fails for lack of resources (`EMFILE`, `ENFILE`,
 //! `ENOBUFS`, `ENOMEM`): the pending connection stays in the kernel's queue and the socket
 //! stays readable, so retrying at once would spin. The listener sleeps instead, longer
-//! after each failure, and logs once when the episode starts and once when it ends.
+//! after each failure, and logs once when the episode starts and once when it ends (at
+//! debug level for an episode that starts soon after the last warning, so a server that
+//! keeps hovering at its limit does not flood the log).
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +11,8 @@ use std::time::{Duration, Instant};
 const FIRST_DELAY: Duration = Duration::from_millis(10);
 /// Longest sleep: descriptors freed by closing connections are used within a second.
 const MAX_DELAY: Duration = Duration::from_secs(1);
+/// Episodes starting within this long of the last warning are logged at debug level.
+const QUIET_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Back-off state of one listener's accept loop.
 pub(crate) struct AcceptBackoff {
@@ -17,6 +21,9 @@ pub(crate) struct AcceptBackoff {
     failures: u64,
     started: Option<Instant>,
     next_delay: Duration,
+    /// When the last warning was logged, and whether the current episode was warned about.
+    last_warning: Option<Instant>,
+    warned: bool,
 }
 
 impl AcceptBackoff {
@@ -26,17 +33,31 @@ impl AcceptBackoff {
             failures: 0,
             started: None,
             next_delay: FIRST_DELAY,
+            last_warning: None,
+            warned: false,
         }
     }
 
     /// Records a failed `accept` and returns how long to sleep before the next one.
     pub(crate) fn failed(&mut self, error: &std::io::Error) -> Duration {
         if self.failures == 0 {
-            self.started = Some(Instant::now());
-            tracing::warn!(
-                listener = self.listener,
-                "cannot accept connections: {error}; backing off until it works again"
-            );
+            let now = Instant::now();
+            self.started = Some(now);
+            self.warned = self
+                .last_warning
+                .is_none_or(|at| now.duration_since(at) >= QUIET_INTERVAL);
+            if self.warned {
+                self.last_warning = Some(now);
+                tracing::warn!(
+                    listener = self.listener,
+                    "cannot accept connections: {error}; backing off until it works again"
+                );
+            } else {
+                tracing::debug!(
+                    listener = self.listener,
+                    "cannot accept connections: {error}"
+                );
+            }
         }
         self.failures += 1;
         let delay = self.next_delay;
@@ -50,12 +71,16 @@ impl AcceptBackoff {
             return;
         }
         let elapsed = self.started.map(|s| s.elapsed()).unwrap_or_default();
-        tracing::info!(
-            listener = self.listener,
-            failed_attempts = self.failures,
-            after_ms = elapsed.as_millis() as u64,
-            "accepting connections again"
-        );
+        if self.warned {
+            tracing::info!(
+                listener = self.listener,
+                failed_attempts = self.failures,
+                after_ms = elapsed.as_millis() as u64,
+                "accepting connections again"
+            );
+        } else {
+            tracing::debug!(listener = self.listener, "accepting connections again");
+        }
         self.failures = 0;
         self.started = None;
         self.next_delay = FIRST_DELAY;

@@ -18,7 +18,7 @@ use std::os::fd::AsRawFd as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::ConnectInfo;
 use exec_server_config::ListenerTable;
@@ -81,13 +81,10 @@ pub async fn serve_http(
     shutdown: CancellationToken,
 ) {
     let metrics = Arc::new(ListenerMetrics::new(name));
-    let pending = PendingTable::new(
-        limits.max_pending_per_peer,
-        limits.max_pending_connections,
-        metrics.pending.clone(),
-    );
-    let open = Arc::new(Semaphore::new(limits.max_connections));
     let headroom = DescriptorHeadroom::new(limits.fd_reserve, name);
+    let (max_pending, max_pending_per_peer) = headroom.pending_caps(&limits, name);
+    let pending = PendingTable::new(max_pending_per_peer, max_pending, metrics.pending.clone());
+    let open = Arc::new(Semaphore::new(limits.max_connections));
     let limits = Arc::new(limits);
     let mut backoff = AcceptBackoff::new(name);
     let mut refusals = RefusalLog::new(name);
@@ -122,11 +119,10 @@ pub async fn serve_http(
             refuse(stream);
             continue;
         };
-        refusals.admitted();
         // Request/response traffic: Nagle + delayed ACK would add ~40 ms.
         let _ = stream.set_nodelay(true);
         let (slot, evictions) = pending.admit(peer.ip());
-        metrics.record(evictions);
+        metrics.record(&evictions);
         metrics.accepted.inc();
         let stream = GuardedStream {
             stream,
@@ -141,6 +137,14 @@ pub async fn serve_http(
             Arc::clone(&metrics),
             shutdown.clone(),
         ));
+        // The evicted connections' tasks close them when they next run; accepting more
+        // before that would let a flood's descriptors pile up past the caps.
+        for closing in evictions.closing {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = closing => {}
+            }
+        }
     }
 }
 
@@ -164,114 +168,141 @@ async fn serve_connection(
         request.extensions_mut().insert(ConnectInfo(peer));
         app.clone().call(request)
     });
-    let connection = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
-    tokio::pin!(connection);
-    let deadline = tokio::time::sleep(limits.upgrade_timeout);
-    tokio::pin!(deadline);
-    let evicted = slot.evicted();
-    let mut draining = false;
-    loop {
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    if error.is_timeout() {
-                        metrics.header_timeouts.inc();
-                        tracing::debug!(%peer, "closed a connection whose request head did not arrive in time");
-                    } else {
-                        tracing::trace!(%peer, %error, "connection ended with an error");
+    {
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        tokio::pin!(connection);
+        let deadline = tokio::time::sleep(limits.upgrade_timeout);
+        tokio::pin!(deadline);
+        let evicted = slot.evicted();
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        if error.is_timeout() {
+                            metrics.header_timeouts.inc();
+                            tracing::debug!(%peer, "closed a connection whose request head did not arrive in time");
+                        } else {
+                            tracing::trace!(%peer, %error, "connection ended with an error");
+                        }
                     }
+                    break;
                 }
-                break;
-            }
-            () = &mut deadline => {
-                metrics.upgrade_timeouts.inc();
-                tracing::debug!(%peer, "closed a connection that was not upgraded in time");
-                break;
-            }
-            () = evicted.cancelled() => {
-                tracing::debug!(%peer, "closed the oldest pending connection to make room");
-                break;
-            }
-            () = shutdown.cancelled(), if !draining => {
-                draining = true;
-                connection.as_mut().graceful_shutdown();
+                () = &mut deadline => {
+                    metrics.upgrade_timeouts.inc();
+                    tracing::debug!(%peer, "closed a connection that was not upgraded in time");
+                    break;
+                }
+                () = evicted.cancelled() => {
+                    tracing::debug!(%peer, "closed the oldest pending connection to make room");
+                    break;
+                }
+                () = shutdown.cancelled(), if !draining => {
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                }
             }
         }
     }
+    // The socket is closed (or lives on in the WebSocket) by now: only then does the slot
+    // tell an evicting accept loop that this connection is gone.
+    drop(slot);
 }
 
 /// Decides whether an accepted descriptor eats into the reserve. The kernel hands out the
 /// lowest free descriptor number, so a socket numbered `n` proves descriptors `0..n` are
 /// all in use: one comparison, no counting.
 struct DescriptorHeadroom {
+    /// The soft `RLIMIT_NOFILE`, if limited.
+    limit: Option<u64>,
     /// The first descriptor number inside the reserve; `None`: no reserve.
-    high_water: Option<i32>,
+    high_water: Option<u64>,
 }
 
 impl DescriptorHeadroom {
     fn new(reserve: usize, listener: &'static str) -> Self {
-        let Some(limit) = crate::hygiene::open_file_limit() else {
-            return Self { high_water: None };
-        };
-        if reserve == 0 {
-            return Self { high_water: None };
-        }
-        // Never reserve more than half: a tiny limit must still admit connections.
-        let reserve = (reserve as u64).min(limit / 2);
-        let high_water = i32::try_from(limit - reserve).ok();
-        tracing::debug!(
-            listener,
-            limit,
-            reserve,
-            "connections are refused once descriptor numbers reach limit - reserve"
-        );
-        Self { high_water }
+        let limit = crate::hygiene::open_file_limit();
+        let high_water = limit.filter(|_| reserve > 0).map(|limit| {
+            // Never reserve more than half: a tiny limit must still admit connections.
+            let reserve = (reserve as u64).min(limit / 2);
+            tracing::debug!(
+                listener,
+                limit,
+                reserve,
+                "connections are refused once descriptor numbers reach limit - reserve"
+            );
+            limit - reserve
+        });
+        Self { limit, high_water }
     }
 
     fn exhausted(&self, stream: &TcpStream) -> bool {
         self.high_water
-            .is_some_and(|high_water| stream.as_raw_fd() >= high_water)
+            .is_some_and(|high_water| stream.as_raw_fd() as u64 >= high_water)
+    }
+
+    /// The pending caps in force: at most half the descriptors connections may use, so
+    /// that a flood of pending connections is always answered by evicting the oldest and
+    /// never reaches the reserve, where new connections — a legitimate one too — would be
+    /// refused.
+    fn pending_caps(&self, limits: &ListenerLimits, listener: &'static str) -> (usize, usize) {
+        let Some(usable) = self.high_water.or(self.limit) else {
+            return (limits.max_pending_connections, limits.max_pending_per_peer);
+        };
+        let budget = usize::try_from(usable / 2).unwrap_or(usize::MAX).max(1);
+        let total = limits.max_pending_connections.min(budget);
+        let per_peer = limits.max_pending_per_peer.min(total);
+        if total < limits.max_pending_connections {
+            tracing::info!(
+                listener,
+                max_pending_connections = total,
+                max_pending_per_peer = per_peer,
+                "pending-connection caps lowered to fit the open-file limit"
+            );
+        }
+        (total, per_peer)
     }
 }
 
-/// Logs refusals once per episode: a warning when connections start being refused, and
-/// an info line with the count when one is admitted again.
+/// How often a listener warns about connections it closes right after accept.
+const REFUSAL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Logs refusals without flooding the log: a warning at the first one, then at most one
+/// every [`REFUSAL_WARNING_INTERVAL`], each with the count since the previous one.
 struct RefusalLog {
     listener: &'static str,
-    refused: u64,
+    last_warning: Option<Instant>,
+    unreported: u64,
 }
 
 impl RefusalLog {
     fn new(listener: &'static str) -> Self {
         Self {
             listener,
-            refused: 0,
+            last_warning: None,
+            unreported: 0,
         }
     }
 
     fn refused(&mut self, why: &str) {
-        if self.refused == 0 {
-            tracing::warn!(
-                listener = self.listener,
-                "closing new connections right after accept: {why}"
-            );
+        self.unreported += 1;
+        if self
+            .last_warning
+            .is_some_and(|at| at.elapsed() < REFUSAL_WARNING_INTERVAL)
+        {
+            return;
         }
-        self.refused += 1;
-    }
-
-    fn admitted(&mut self) {
-        if self.refused > 0 {
-            tracing::info!(
-                listener = self.listener,
-                refused = self.refused,
-                "admitting connections again"
-            );
-            self.refused = 0;
-        }
+        tracing::warn!(
+            listener = self.listener,
+            refused = self.unreported,
+            "closing new connections right after accept: {why}"
+        );
+        self.last_warning = Some(Instant::now());
+        self.unreported = 0;
     }
 }
 
@@ -428,7 +459,7 @@ impl ListenerMetrics {
         &self.accept_errors[index]
     }
 
-    fn record(&self, evictions: Evictions) {
+    fn record(&self, evictions: &Evictions) {
         self.evicted_per_peer.add(evictions.per_peer);
         self.evicted_total.add(evictions.total);
     }

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Gauge;
@@ -38,21 +39,29 @@ struct Entry {
     peer: IpAddr,
     /// Cancelled when the connection is evicted; its task then closes it.
     evict: CancellationToken,
+    /// Resolves once the connection's task has let go of it (its slot is dropped).
+    closed: oneshot::Receiver<()>,
 }
 
-/// How many connections one admission pushed out, by the cap that was reached.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What one admission pushed out: counts by the cap that was reached, and the evicted
+/// connections' closings to wait for.
+#[derive(Debug, Default)]
 pub(crate) struct Evictions {
     pub per_peer: u64,
     pub total: u64,
+    /// The accept loop waits for these before it accepts again, so that under a flood the
+    /// evicted sockets are closed as fast as new ones arrive and descriptors do not pile
+    /// up behind tasks that have not run yet.
+    pub closing: Vec<oneshot::Receiver<()>>,
 }
 
 /// One pending connection's place in the table; dropping it (the connection upgraded or
-/// closed) frees the place.
+/// closed, its socket handed on or dropped first) frees the place.
 pub(crate) struct PendingSlot {
     table: Arc<PendingTable>,
     id: u64,
     evicted: CancellationToken,
+    _closed: oneshot::Sender<()>,
 }
 
 impl PendingSlot {
@@ -112,24 +121,26 @@ impl PendingTable {
                 .get(&peer)
                 .and_then(|ids| ids.front().copied())
             {
-                inner.evict(oldest);
+                evictions.closing.extend(inner.evict(oldest));
                 evictions.per_peer += 1;
             }
         }
         if inner.by_age.len() >= self.max_total {
             if let Some(oldest) = inner.by_age.keys().next().copied() {
-                inner.evict(oldest);
+                evictions.closing.extend(inner.evict(oldest));
                 evictions.total += 1;
             }
         }
         let id = inner.next_id;
         inner.next_id += 1;
         let evicted = CancellationToken::new();
+        let (closed_tx, closed_rx) = oneshot::channel();
         inner.by_age.insert(
             id,
             Entry {
                 peer,
                 evict: evicted.clone(),
+                closed: closed_rx,
             },
         );
         inner.by_peer.entry(peer).or_default().push_back(id);
@@ -139,6 +150,7 @@ impl PendingTable {
             table: Arc::clone(self),
             id,
             evicted,
+            _closed: closed_tx,
         };
         (slot, evictions)
     }
@@ -156,10 +168,10 @@ impl PendingTable {
 }
 
 impl Inner {
-    fn evict(&mut self, id: u64) {
-        if let Some(entry) = self.forget(id) {
-            entry.evict.cancel();
-        }
+    fn evict(&mut self, id: u64) -> Option<oneshot::Receiver<()>> {
+        let entry = self.forget(id)?;
+        entry.evict.cancel();
+        Some(entry.closed)
     }
 
     fn forget(&mut self, id: u64) -> Option<Entry> {
@@ -193,13 +205,7 @@ mod tests {
         let (b1, _) = table.admit(ip("10.0.0.2"));
         let (a2, _) = table.admit(ip("10.0.0.1"));
         let (a3, evictions) = table.admit(ip("10.0.0.1"));
-        assert_eq!(
-            evictions,
-            Evictions {
-                per_peer: 1,
-                total: 0
-            }
-        );
+        assert_eq!((evictions.per_peer, evictions.total), (1, 0));
         assert!(a1.evicted().is_cancelled());
         assert!(!a2.evicted().is_cancelled());
         assert!(!a3.evicted().is_cancelled());
@@ -214,13 +220,7 @@ mod tests {
         let (second, _) = table.admit(ip("10.0.0.2"));
         let (third, _) = table.admit(ip("10.0.0.3"));
         let (fourth, evictions) = table.admit(ip("10.0.0.4"));
-        assert_eq!(
-            evictions,
-            Evictions {
-                per_peer: 0,
-                total: 1
-            }
-        );
+        assert_eq!((evictions.per_peer, evictions.total), (0, 1));
         assert!(first.evicted().is_cancelled());
         for slot in [&second, &third, &fourth] {
             assert!(!slot.evicted().is_cancelled());
@@ -237,7 +237,7 @@ mod tests {
         drop(a);
         assert_eq!(gauge.get(), 0);
         let (b, evictions) = table.admit(ip("10.0.0.1"));
-        assert_eq!(evictions, Evictions::default());
+        assert_eq!((evictions.per_peer, evictions.total), (0, 0));
         assert!(!b.evicted().is_cancelled());
         // An evicted slot dropped later frees nothing twice.
         let (c, _) = table.admit(ip("10.0.0.1"));
@@ -250,6 +250,24 @@ mod tests {
     }
 
     #[test]
+    fn an_eviction_reports_when_the_evicted_connection_let_go() {
+        let table = table(1, 10);
+        let (first, _) = table.admit(ip("10.0.0.1"));
+        let (_second, mut evictions) = table.admit(ip("10.0.0.1"));
+        let mut closing = evictions.closing.pop().expect("one closing");
+        assert!(evictions.closing.is_empty());
+        assert!(matches!(
+            closing.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        ));
+        drop(first);
+        assert!(matches!(
+            closing.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+    }
+
+    #[test]
     fn peers_are_grouped_by_ipv4_address_and_ipv6_slash_64() {
         assert_eq!(peer_key(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
         assert_eq!(peer_key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
@@ -259,6 +277,6 @@ mod tests {
         assert_eq!(evictions.per_peer, 1);
         assert!(a.evicted().is_cancelled());
         let (_c, evictions) = table.admit(ip("2001:db8:1:3::1"));
-        assert_eq!(evictions, Evictions::default());
+        assert_eq!((evictions.per_peer, evictions.total), (0, 0));
     }
 }
