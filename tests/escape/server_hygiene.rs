@@ -409,3 +409,121 @@ async fn secrets_never_appear_in_logs_answers_config_or_metrics() {
         &String::from_utf8_lossy(&output.stderr),
     );
 }
+
+/// Captures a child's stderr whole; resolves when the child closes it.
+fn collect_stderr(child: &mut tokio::process::Child) -> tokio::task::JoinHandle<String> {
+    let stderr = child.stderr.take().expect("stderr is piped");
+    tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text).await;
+        text
+    })
+}
+
+fn token_sha256(token: &str) -> String {
+    exec_server_relay::rendezvous::signing::token_digest(token)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn relay_tokens_signing_keys_and_signed_urls_stay_out_of_trace_logs() {
+    const HARNESS_TOKEN: &str = "hygiene-harness-token-3e8a";
+    let dir = tempfile::tempdir().unwrap();
+    let config = file_with_mode(
+        dir.path(),
+        "rendezvous.toml",
+        &format!(
+            "[[rendezvous.tokens]]\nname = \"executors\"\nsha256 = \"{}\"\nrole = \"executor\"\n\n\
+             [[rendezvous.tokens]]\nname = \"harnesses\"\nsha256 = \"{}\"\nrole = \"harness\"\n",
+            token_sha256(RELAY_TOKEN),
+            token_sha256(HARNESS_TOKEN)
+        ),
+        0o600,
+    );
+    let mut rendezvous = server_command(&[
+        "rendezvous",
+        "--config",
+        &config,
+        "--listen",
+        "http://127.0.0.1:0",
+    ]);
+    rendezvous
+        .env("EXEC_SERVER_RENDEZVOUS_SIGNING_KEY", SIGNING_KEY)
+        .env("RUST_LOG", "trace")
+        .stderr(Stdio::piped());
+    let mut rendezvous = rendezvous.spawn().unwrap();
+    let rendezvous_log = collect_stderr(&mut rendezvous);
+    let mut stdout = BufReader::new(rendezvous.stdout.take().unwrap());
+    let mut url = String::new();
+    tokio::time::timeout(STEP_TIMEOUT, stdout.read_line(&mut url))
+        .await
+        .expect("rendezvous prints its URL")
+        .unwrap();
+    let url = url.trim().to_owned();
+
+    let mut executor = server_command(&["--remote", &url, "--environment-id", "env-hygiene"]);
+    executor
+        .env("EXEC_SERVER_RELAY_TOKEN", RELAY_TOKEN)
+        .env("RUST_LOG", "trace")
+        .stderr(Stdio::piped());
+    let mut executor = executor.spawn().unwrap();
+    let executor_log = collect_stderr(&mut executor);
+
+    // A harness runs one command through the relay (retrying until the executor is in).
+    let mut run = Command::new(server_bin());
+    run.args([
+        "run",
+        "--remote",
+        &url,
+        "--environment-id",
+        "env-hygiene",
+        "--",
+        "echo",
+        "relay-ok",
+    ])
+    .env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
+    .env("RUST_LOG", "trace")
+    .stdin(Stdio::null())
+    .kill_on_drop(true);
+    let output = tokio::time::timeout(STEP_TIMEOUT, async {
+        loop {
+            let output = run.output().await.unwrap();
+            if output.status.success() {
+                break output;
+            }
+        }
+    })
+    .await
+    .expect("the command ran through the relay");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "relay-ok\n");
+
+    for child in [&executor, &rendezvous] {
+        // SAFETY: kill has no memory preconditions; SIGTERM asks for the graceful shutdown.
+        unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    }
+    let logs = [
+        ("the executor's trace log", executor_log.await.unwrap()),
+        ("the rendezvous' trace log", rendezvous_log.await.unwrap()),
+        (
+            "`exec-server run`'s stderr",
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ),
+    ];
+    for (what, log) in &logs[..2] {
+        assert!(
+            log.contains("TRACE") || log.contains("DEBUG"),
+            "{what}:\n{log}"
+        );
+    }
+    for (what, log) in &logs {
+        assert_no_secret(what, log);
+        assert!(
+            !log.contains(HARNESS_TOKEN),
+            "{what} shows the harness token"
+        );
+        assert!(!log.contains("sig="), "{what} shows a signed URL:\n{log}");
+    }
+    assert!(logs[0].1.contains("registered with the relay registry"));
+}
