@@ -13,8 +13,12 @@
 //!
 //! * [`cli`] — the command line.
 //! * [`helpers`] — the hidden helpers a host binary dispatches before anything else.
+//! * [`harden_process`] — what [`main_with_plugins`] does before anything else; a host
+//!   with its own `main` calls it first.
 
 pub mod cli;
+
+pub use exec_server_core::hygiene::harden_process;
 
 /// Hidden helpers (SANDBOX.md §9): the same binary re-executed with a sentinel `argv[1]`
 /// becomes the sandboxed fs helper or the sandbox launcher. [`main`] dispatches them first;
@@ -34,7 +38,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use exec_server_config::core::CONNECTION_TOKEN_ENV;
-use exec_server_config::{ConfigSource, CoreConfig};
+use exec_server_config::{secret_env, CliOverrides, ConfigSource, CoreConfig};
+use exec_server_core::hygiene;
 use exec_server_core::router::MethodPlan;
 use exec_server_core::server::{open_configured_transports, open_listeners, run};
 use exec_server_core::{plugin, ServerContext, StartupError};
@@ -67,6 +72,10 @@ pub fn main() -> ExitCode {
 /// Like [`main`], for a host binary that links more plugin crates: `extra` names each added
 /// plugin and its crate, so start-up fails with the crate's name if it was not linked.
 pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
+    // Hardening comes first, before the hidden-helper dispatch too, so that no code path
+    // — helper, subcommand, server — ever runs dumpable or with secrets in its environment.
+    // Helpers that must be dumpable re-enable it themselves where they need it.
+    harden_process();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(code) = exec_server_core::helpers::dispatch_hidden_helper(&args) {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
@@ -76,7 +85,14 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
             command: Some(cli::Command::Run(run)),
             config,
             ..
-        } => return exec_server_client::run::main(run, config.as_deref()),
+        } => {
+            // Still single-threaded: take the variable `relay.token_env` names, if the
+            // configuration names one; `run` reports configuration errors itself.
+            if let Ok(source) = ConfigSource::load(config.as_deref(), CliOverrides::default()) {
+                secret_env::capture_variables_named_by(&source);
+            }
+            return exec_server_client::run::main(run, config.as_deref());
+        }
         cli => cli,
     };
     let expected: Vec<(&str, &str)> = BUILT_IN_PLUGINS.iter().chain(extra).copied().collect();
@@ -92,20 +108,33 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
 fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
     check_linked_plugins(expected)?;
     let source = ConfigSource::load(cli.config.as_deref(), cli.overrides())?;
-    let core = CoreConfig::from_source(&source, std::env::var(CONNECTION_TOKEN_ENV).ok())?;
+    // No thread has started yet: the last moment secrets may be taken from the environment.
+    secret_env::capture_variables_named_by(&source);
+    let core = CoreConfig::from_source(&source, secret_env::secret_variable(CONNECTION_TOKEN_ENV))?;
     match cli.command {
         Some(cli::Command::Methods) => print_methods(&source, &core),
         Some(cli::Command::Config) => print_config(&source, &core),
         Some(cli::Command::Run(_)) => unreachable!("`run` is dispatched before start-up"),
         Some(cli::Command::Rendezvous { public_url }) => {
             init_logging();
+            prepare_to_listen();
             let args = exec_server_relay::rendezvous::RendezvousArgs {
                 listen: cli.listen.first().cloned(),
                 public_url,
+                listener: (&core.listener).into(),
             };
             exec_server_relay::rendezvous::run_cli(&source, args)
         }
         None => serve(source, core),
+    }
+}
+
+/// Logs what the start-up hardening could not do and raises the descriptor limit, which
+/// the listeners' reserve is computed from.
+fn prepare_to_listen() {
+    hygiene::log_deferred_warnings();
+    if let Err(e) = hygiene::raise_open_file_limit() {
+        tracing::warn!("could not raise the open-file limit: {e}");
     }
 }
 
@@ -185,6 +214,7 @@ fn without_nulls(value: serde_json::Value) -> serde_json::Value {
 
 fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
     init_logging();
+    prepare_to_listen();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

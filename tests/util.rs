@@ -166,6 +166,35 @@ impl Client {
         Self::new(Conn::Ws(ws))
     }
 
+    /// Upgrades an already connected socket (e.g. one bound to a chosen source address),
+    /// sending `Authorization: Bearer <token>` when a token is given.
+    pub async fn websocket_over(
+        stream: tokio::net::TcpStream,
+        url: &str,
+        token: Option<&str>,
+    ) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = url.into_client_request()?;
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().expect("a header value");
+            request.headers_mut().insert("Authorization", value);
+        }
+        let stream = tokio_tungstenite::MaybeTlsStream::Plain(stream);
+        let (ws, _) = tokio_tungstenite::client_async(request, stream).await?;
+        Ok(Self::new(Conn::Ws(ws)))
+    }
+
+    /// Connects to `url` with `Authorization: Bearer <token>`.
+    pub async fn websocket_with_bearer(url: &str, token: &str) -> Self {
+        let addr = url.trim_start_matches("ws://").trim_end_matches('/');
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("tcp connect");
+        Self::websocket_over(stream, url, Some(token))
+            .await
+            .expect("websocket connect")
+    }
+
     fn new(conn: Conn) -> Self {
         Self {
             conn,
@@ -412,6 +441,28 @@ pub async fn http_request(base: &str, raw_request: &str) -> (u16, String) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     (status, text)
+}
+
+/// `GET <path>` with extra header lines on a fresh `Connection: close` request; returns the
+/// status and the body.
+pub async fn http_body(base: &str, path: &str, headers: &str) -> (u16, String) {
+    use tokio::io::AsyncReadExt;
+    let addr = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(STEP_TIMEOUT, stream.read_to_string(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }
 
 /// `GET <path>` with extra header lines (each ending in `\r\n`).

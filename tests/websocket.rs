@@ -6,7 +6,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::util::{config_file, http_get, WsServer, STEP_TIMEOUT};
+use crate::util::{config_file, http_body, http_get, WsServer, STEP_TIMEOUT};
 
 const UPGRADE_HEADERS: &str = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
 
@@ -200,7 +200,7 @@ async fn several_listeners_share_one_session_registry() {
 }
 
 /// Checks every line of a text exposition and returns the value of `series`, if present.
-fn prometheus_value(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn prometheus_value(text: &str, series: &str) -> Option<f64> {
     let mut found = None;
     for line in text.lines().filter(|l| !l.is_empty()) {
         if let Some(comment) = line.strip_prefix("# ") {
@@ -228,26 +228,6 @@ fn prometheus_value(text: &str, series: &str) -> Option<f64> {
         }
     }
     found
-}
-
-async fn http_body(base: &str, path: &str, headers: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = base.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(STEP_TIMEOUT, stream.read_to_string(&mut response))
-        .await
-        .unwrap()
-        .unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 #[tokio::test]

@@ -20,13 +20,12 @@ use std::time::Duration;
 
 use clap::Args;
 use exec_server_config::core::CONNECTION_TOKEN_ENV;
-use exec_server_config::{CliOverrides, ConfigSource};
+use exec_server_config::{secret_env, CliOverrides, ConfigSource};
 use exec_server_proto::process::{
     EnvInherit, EnvPolicy, OutputStream, Signal, StartParams, TerminalSize, WriteStatus,
 };
 use exec_server_relay::config::RelayConfig;
 use exec_server_relay::harness::RelayConnectArgs;
-use exec_server_relay::registry::SecretString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -179,7 +178,9 @@ async fn connect(
     }
     match (&args.url, &args.stdio) {
         (Some(url), _) => {
-            let token = std::env::var(CONNECTION_TOKEN_ENV).ok();
+            // Taken out of the environment at start-up, like every secret variable.
+            let token = secret_env::secret_variable(CONNECTION_TOKEN_ENV)
+                .map(|token| token.expose().to_owned());
             ExecServerClient::connect_websocket(url, token, options).await
         }
         (None, Some(command_line)) => {
@@ -209,7 +210,7 @@ fn relay_args(
     let source = ConfigSource::load(config, CliOverrides::default()).map_err(|e| e.to_string())?;
     let relay = RelayConfig::load(&source).map_err(|e| e.to_string())?;
     let token = relay.bearer_token()?;
-    let mut args = RelayConnectArgs::new(remote, environment_id, SecretString::new(token));
+    let mut args = RelayConnectArgs::new(remote, environment_id, token);
     args.request_timeout = Duration::from_millis(relay.request_timeout_ms);
     args.connect_timeout = Duration::from_millis(relay.connect_timeout_ms);
     args.handshake_timeout = Duration::from_millis(relay.handshake_timeout_ms);

@@ -1,10 +1,12 @@
 //! The tables the server core reads, with the defaults of PROTOCOL §7.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::source::{ConfigError, ConfigSource, REDACTED};
+use crate::secret::{read_token_file, SecretString};
+use crate::source::{ConfigError, ConfigSource};
 
 /// Environment variable that can carry the WebSocket bearer token (PROTOCOL §1.3.2).
 pub const CONNECTION_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_CONNECTION_TOKEN";
@@ -14,6 +16,7 @@ pub const CORE_TABLES: &[&str] = &[
     "server",
     "limits",
     "websocket",
+    "listener",
     "dispatch",
     "connection",
     "session",
@@ -49,8 +52,11 @@ impl Default for LimitsTable {
 pub struct WebsocketTable {
     pub max_frame_bytes: usize,
     pub ping_interval_ms: u64,
-    /// Shared secret required on the upgrade; also read from `CODEX_EXEC_SERVER_CONNECTION_TOKEN`.
-    pub bearer_token: Option<String>,
+    /// Shared secret required on the upgrade; also read from `CODEX_EXEC_SERVER_CONNECTION_TOKEN`
+    /// or from `bearer_token_file`. Prints as `<redacted>`.
+    pub bearer_token: Option<SecretString>,
+    /// File holding the bearer token (owner-only mode, whitespace trimmed).
+    pub bearer_token_file: Option<PathBuf>,
 }
 
 impl Default for WebsocketTable {
@@ -59,7 +65,83 @@ impl Default for WebsocketTable {
             max_frame_bytes: 16 * 1024 * 1024,
             ping_interval_ms: 30_000,
             bearer_token: None,
+            bearer_token_file: None,
         }
+    }
+}
+
+/// `[listener]`: what an unauthenticated peer may hold on a network listener (the WebSocket
+/// transport and the rendezvous service) before it is cut off.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenerTable {
+    /// Time allowed for a request's head (request line and headers), from the connection's
+    /// start or the end of the previous request.
+    pub header_read_timeout_ms: u64,
+    /// Time a connection may stay open before it is upgraded to a WebSocket; connections
+    /// that never upgrade (health probes, registry calls) are closed after it too.
+    pub upgrade_timeout_ms: u64,
+    /// Open connections, upgraded or not; beyond it new ones are closed at once.
+    pub max_connections: usize,
+    /// Connections whose request head has not arrived; at the cap the oldest one is closed.
+    pub max_pending_connections: usize,
+    /// Connections whose request head has not arrived, from one peer address (IPv6: one /64); at the cap the
+    /// peer's oldest one is closed.
+    pub max_pending_per_peer: usize,
+    /// File descriptors kept free for the server's own work: a connection whose descriptor
+    /// would eat into them is closed right after accept. 0 switches the reserve off.
+    pub fd_reserve: usize,
+}
+
+impl Default for ListenerTable {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: 10_000,
+            upgrade_timeout_ms: 30_000,
+            max_connections: 4096,
+            max_pending_connections: 512,
+            max_pending_per_peer: 64,
+            fd_reserve: 256,
+        }
+    }
+}
+
+impl ListenerTable {
+    /// Extracts and validates `[listener]`.
+    pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
+        let table: Self = source.section("listener")?;
+        source.require_positive(
+            "listener",
+            &[
+                ("header_read_timeout_ms", table.header_read_timeout_ms),
+                ("upgrade_timeout_ms", table.upgrade_timeout_ms),
+                ("max_connections", table.max_connections as u64),
+                (
+                    "max_pending_connections",
+                    table.max_pending_connections as u64,
+                ),
+                ("max_pending_per_peer", table.max_pending_per_peer as u64),
+            ],
+        )?;
+        if table.max_pending_per_peer > table.max_pending_connections {
+            return Err(source.invalid(
+                "listener.max_pending_per_peer",
+                format!(
+                    "must not exceed listener.max_pending_connections ({}), got {}",
+                    table.max_pending_connections, table.max_pending_per_peer
+                ),
+            ));
+        }
+        if table.max_pending_connections > table.max_connections {
+            return Err(source.invalid(
+                "listener.max_pending_connections",
+                format!(
+                    "must not exceed listener.max_connections ({}), got {}",
+                    table.max_connections, table.max_pending_connections
+                ),
+            ));
+        }
+        Ok(table)
     }
 }
 
@@ -133,6 +215,7 @@ pub struct CoreConfig {
     pub server: ServerTable,
     pub limits: LimitsTable,
     pub websocket: WebsocketTable,
+    pub listener: ListenerTable,
     pub dispatch: DispatchTable,
     pub connection: ConnectionTable,
     pub session: SessionTable,
@@ -142,16 +225,18 @@ pub struct CoreConfig {
 
 impl CoreConfig {
     /// Extracts and validates the core tables. `connection_token_env` is the value of
-    /// `CODEX_EXEC_SERVER_CONNECTION_TOKEN` (passed in so tests need not touch the process
-    /// environment).
+    /// `CODEX_EXEC_SERVER_CONNECTION_TOKEN`, captured at start-up
+    /// ([`crate::secret_env::secret_variable`]; passed in so tests need not touch the
+    /// process environment).
     pub fn from_source(
         source: &ConfigSource,
-        connection_token_env: Option<String>,
+        connection_token_env: Option<SecretString>,
     ) -> Result<Self, ConfigError> {
         let mut config = Self {
             server: source.section("server")?,
             limits: source.section("limits")?,
             websocket: source.section("websocket")?,
+            listener: ListenerTable::from_source(source)?,
             dispatch: source.section("dispatch")?,
             connection: source.section("connection")?,
             session: source.section("session")?,
@@ -191,40 +276,57 @@ impl CoreConfig {
         config.websocket.bearer_token = resolve_bearer_token(
             source,
             config.websocket.bearer_token.take(),
+            config.websocket.bearer_token_file.as_deref(),
             connection_token_env,
         )?;
         Ok(config)
     }
 
-    /// The effective configuration as JSON, with secrets redacted.
+    /// The effective configuration as JSON; secrets print as `<redacted>`.
     pub fn to_redacted_json(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).expect("config always serializes");
-        if self.websocket.bearer_token.is_some() {
-            value["websocket"]["bearer_token"] = REDACTED.into();
-        }
-        value
+        serde_json::to_value(self).expect("config always serializes")
     }
 }
 
+/// The one bearer token from its three mutually exclusive sources (an inline value and the
+/// variable may both be set when they agree, as PROTOCOL §1.3.2 allows).
 fn resolve_bearer_token(
     source: &ConfigSource,
-    configured: Option<String>,
-    from_env: Option<String>,
-) -> Result<Option<String>, ConfigError> {
+    configured: Option<SecretString>,
+    file: Option<&std::path::Path>,
+    from_env: Option<SecretString>,
+) -> Result<Option<SecretString>, ConfigError> {
     let configured = configured.filter(|t| !t.is_empty());
     let from_env = from_env.filter(|t| !t.is_empty());
-    let token = match (configured, from_env) {
-        (Some(a), Some(b)) if a != b => {
+    let file = file.filter(|path| !path.as_os_str().is_empty());
+    let token = match (file, configured, from_env) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            return Err(source.invalid(
+                "websocket.bearer_token_file",
+                format!(
+                    "cannot be combined with websocket.bearer_token or {CONNECTION_TOKEN_ENV}; set only one"
+                ),
+            ))
+        }
+        (Some(path), None, None) => {
+            let key = "websocket.bearer_token_file";
+            let token = read_token_file(path).map_err(|e| source.invalid(key, e.describe(path)))?;
+            if token.is_empty() {
+                return Err(source.invalid(key, format!("{} is empty", path.display())));
+            }
+            Some(token)
+        }
+        (None, Some(a), Some(b)) if a != b => {
             return Err(source.invalid(
                 "websocket.bearer_token",
                 format!("differs from the value of {CONNECTION_TOKEN_ENV}; set only one"),
             ))
         }
-        (Some(a), _) => Some(a),
-        (None, b) => b,
+        (None, Some(a), _) => Some(a),
+        (None, None, b) => b,
     };
     if let Some(token) = &token {
-        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        if !token.expose().bytes().all(|b| b.is_ascii_graphic()) {
             return Err(source.invalid(
                 "websocket.bearer_token",
                 "must consist of visible ASCII characters",
@@ -293,19 +395,117 @@ mod tests {
         );
     }
 
+    fn token(config: &CoreConfig) -> Option<&str> {
+        config
+            .websocket
+            .bearer_token
+            .as_ref()
+            .map(SecretString::expose)
+    }
+
     #[test]
     fn bearer_token_sources_must_agree() {
         let source = ConfigSource::from_toml_str("[websocket]\nbearer_token = \"a\"\n");
-        assert!(CoreConfig::from_source(&source, Some("b".into())).is_err());
-        let c = CoreConfig::from_source(&source, Some("a".into())).unwrap();
-        assert_eq!(c.websocket.bearer_token.as_deref(), Some("a"));
-        assert_eq!(c.to_redacted_json()["websocket"]["bearer_token"], REDACTED);
-        let env_only = CoreConfig::from_source(&ConfigSource::from_toml_str(""), Some("t".into()));
+        assert!(CoreConfig::from_source(&source, Some(SecretString::new("b"))).is_err());
+        let c = CoreConfig::from_source(&source, Some(SecretString::new("a"))).unwrap();
+        assert_eq!(token(&c), Some("a"));
         assert_eq!(
-            env_only.unwrap().websocket.bearer_token.as_deref(),
-            Some("t")
+            c.to_redacted_json()["websocket"]["bearer_token"],
+            crate::REDACTED
         );
+        let env_only = CoreConfig::from_source(
+            &ConfigSource::from_toml_str(""),
+            Some(SecretString::new("t")),
+        );
+        assert_eq!(token(&env_only.unwrap()), Some("t"));
         let bad = ConfigSource::from_toml_str("[websocket]\nbearer_token = \"a b\"\n");
         assert!(CoreConfig::from_source(&bad, None).is_err());
+        let number = ConfigSource::from_toml_str("[websocket]\nbearer_token = 987654321\n");
+        let error = CoreConfig::from_source(&number, None).unwrap_err();
+        assert!(
+            error
+                .0
+                .starts_with("invalid config: websocket.bearer_token: must be a string"),
+            "{error}"
+        );
+        assert!(!error.0.contains("987654321"), "{error}");
+    }
+
+    #[test]
+    fn the_bearer_token_file_is_exclusive_and_mode_checked() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "file-token\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let toml = format!(
+            "[websocket]\nbearer_token_file = {:?}\n",
+            path.to_str().unwrap()
+        );
+        let source = ConfigSource::from_toml_str(&toml);
+        let config = CoreConfig::from_source(&source, None).unwrap();
+        assert_eq!(token(&config), Some("file-token"));
+
+        let error = CoreConfig::from_source(&source, Some(SecretString::new("env"))).unwrap_err();
+        assert!(
+            error
+                .0
+                .starts_with("invalid config: websocket.bearer_token_file cannot be combined with"),
+            "{error}"
+        );
+        let both = ConfigSource::from_toml_str(&format!("{toml}bearer_token = \"x\"\n"));
+        assert!(CoreConfig::from_source(&both, None).is_err());
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = CoreConfig::from_source(&source, None).unwrap_err();
+        let shown = path.display();
+        assert!(
+            error.0.starts_with(&format!(
+                "invalid config: websocket.bearer_token_file {shown} is readable or writable by group or others (mode 0644); fix it with `chmod 600 {shown}`"
+            )),
+            "{error}"
+        );
+        assert!(!error.0.contains("file-token"), "{error}");
+
+        std::fs::write(&path, " \n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let error = CoreConfig::from_source(&source, None).unwrap_err();
+        assert!(error.0.contains("is empty"), "{error}");
+    }
+
+    #[test]
+    fn listener_limits_are_positive_and_nested() {
+        let c = CoreConfig::from_source(&ConfigSource::from_toml_str(""), None).unwrap();
+        assert_eq!(c.listener, ListenerTable::default());
+        for (toml, key) in [
+            (
+                "header_read_timeout_ms = 0",
+                "listener.header_read_timeout_ms",
+            ),
+            ("upgrade_timeout_ms = 0", "listener.upgrade_timeout_ms"),
+            (
+                "max_pending_per_peer = 600",
+                "listener.max_pending_per_peer",
+            ),
+            (
+                "max_pending_connections = 5000",
+                "listener.max_pending_connections",
+            ),
+        ] {
+            let source = ConfigSource::from_toml_str(&format!("[listener]\n{toml}\n"));
+            let error = CoreConfig::from_source(&source, None).unwrap_err();
+            assert!(
+                error.0.starts_with(&format!("invalid config: {key} ")),
+                "{toml}: {error}"
+            );
+        }
+        let off = ConfigSource::from_toml_str("[listener]\nfd_reserve = 0\n");
+        assert_eq!(
+            CoreConfig::from_source(&off, None)
+                .unwrap()
+                .listener
+                .fd_reserve,
+            0
+        );
     }
 }

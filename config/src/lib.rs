@@ -9,9 +9,14 @@
 //!
 //! * [`core`] — the tables the server core reads (`server`, `limits`, `websocket`, …).
 //! * [`source`] — layering, provenance and error formatting.
+//! * [`secret`] — the redacting [`SecretString`] and the mode-checked token file reader.
+//! * [`secret_env`] — secrets taken from the environment once, then erased from it.
 
 pub mod core;
+pub mod secret;
+pub mod secret_env;
 pub mod source;
 
-pub use crate::core::{CoreConfig, PluginSwitch};
+pub use crate::core::{CoreConfig, ListenerTable, PluginSwitch};
+pub use crate::secret::SecretString;
 pub use crate::source::{CliOverrides, ConfigError, ConfigSource, REDACTED};

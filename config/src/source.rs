@@ -17,6 +17,9 @@ pub const ENV_SEPARATOR: &str = "__";
 pub const REDACTED: &str = "<redacted>";
 
 const CLI_SOURCE_NAME: &str = "command line";
+/// Names the layer of captured secret variables; `describe` reports it as an environment
+/// variable, which is where the value came from.
+const CAPTURED_SOURCE_NAME: &str = "captured environment variable";
 
 /// One start-up configuration error: a complete `invalid config: …` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,21 +52,46 @@ impl Provider for CliOverrides {
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        let mut root = serde_json::Map::new();
-        for (key, value) in &self.values {
-            let mut parts: Vec<&str> = key.split('.').collect();
-            let last = parts.pop().unwrap_or_default();
-            let mut table = &mut root;
-            for part in parts {
-                table = table
-                    .entry(part.to_owned())
-                    .or_insert_with(|| serde_json::Value::Object(Default::default()))
-                    .as_object_mut()
-                    .expect("command-line keys never collide with values");
-            }
-            table.insert(last.to_owned(), value.clone());
+        figment::providers::Serialized::defaults(nested(&self.values)).data()
+    }
+}
+
+/// Dotted key → value pairs as one nested object (one figment layer's data).
+fn nested(values: &[(String, serde_json::Value)]) -> serde_json::Value {
+    let mut root = serde_json::Map::new();
+    for (key, value) in values {
+        let mut parts: Vec<&str> = key.split('.').collect();
+        let last = parts.pop().unwrap_or_default();
+        let mut table = &mut root;
+        for part in parts {
+            table = table
+                .entry(part.to_owned())
+                .or_insert_with(|| serde_json::Value::Object(Default::default()))
+                .as_object_mut()
+                .expect("the keys of one layer never collide with its values");
         }
-        figment::providers::Serialized::defaults(serde_json::Value::Object(root)).data()
+        table.insert(last.to_owned(), value.clone());
+    }
+    serde_json::Value::Object(root)
+}
+
+/// The configuration variables holding secrets (`EXEC_SERVER_WEBSOCKET__BEARER_TOKEN`),
+/// taken out of the environment at start-up ([`crate::secret_env`]): the environment layer
+/// no longer sees them, so this layer puts them back at the same precedence. Values are
+/// strings, as a token is, even when it looks like a number.
+struct CapturedSecretVariables;
+
+impl Provider for CapturedSecretVariables {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(CAPTURED_SOURCE_NAME)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let values: Vec<(String, serde_json::Value)> = crate::secret_env::captured_config_values()
+            .into_iter()
+            .map(|(key, value)| (key, value.expose().into()))
+            .collect();
+        figment::providers::Serialized::defaults(nested(&values)).data()
     }
 }
 
@@ -91,15 +119,18 @@ impl ConfigSource {
     ) -> Result<Self, ConfigError> {
         let mut figment = Figment::new();
         if let Some(path) = config_file {
-            check_toml_file(path)?;
+            let table = check_toml_file(path)?;
+            check_inline_secrets(path, &table)?;
             figment = figment.merge(Toml::file_exact(path));
         }
         if read_env {
-            figment = figment.merge(
-                Env::prefixed(ENV_PREFIX)
-                    .filter(|key| key.as_str().contains(ENV_SEPARATOR))
-                    .split(ENV_SEPARATOR),
-            );
+            figment = figment
+                .merge(
+                    Env::prefixed(ENV_PREFIX)
+                        .filter(|key| key.as_str().contains(ENV_SEPARATOR))
+                        .split(ENV_SEPARATOR),
+                )
+                .merge(CapturedSecretVariables);
         }
         figment = figment.merge(cli);
         let config_file =
@@ -217,7 +248,7 @@ impl ConfigSource {
     }
 }
 
-fn check_toml_file(path: &Path) -> Result<(), ConfigError> {
+fn check_toml_file(path: &Path) -> Result<toml::Table, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         ConfigError(format!(
             "invalid config: cannot read config file {}: {e}",
@@ -230,8 +261,42 @@ fn check_toml_file(path: &Path) -> Result<(), ConfigError> {
             "invalid config: {} is not valid TOML: {message}",
             path.display()
         ))
-    })?;
-    Ok(())
+    })
+}
+
+/// A config file that holds a secret inline must be as private as a token file.
+fn check_inline_secrets(path: &Path, table: &toml::Table) -> Result<(), ConfigError> {
+    let Some(key) = crate::secret_env::SECRET_KEYS
+        .iter()
+        .find(|key| holds_key(table, key))
+    else {
+        return Ok(());
+    };
+    crate::secret::check_secret_file_mode(path).map_err(|e| {
+        ConfigError(format!(
+            "invalid config: {key} is set inline in the config file, and {}",
+            e.describe(path)
+        ))
+    })
+}
+
+/// Whether the dotted `key` is present in `table`.
+fn holds_key(table: &toml::Table, key: &str) -> bool {
+    let mut table = table;
+    let mut parts = key.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let Some(item) = table.get(part) else {
+            return false;
+        };
+        if parts.peek().is_none() {
+            return true;
+        }
+        let Some(inner) = item.as_table() else {
+            return false;
+        };
+        table = inner;
+    }
+    false
 }
 
 fn describe(metadata: &Metadata, key: &str) -> String {

@@ -3,8 +3,9 @@
 //!
 //! The plugin answers no methods: it exists so that the table is decoded and validated at
 //! start-up (an invalid value stops the server), printed by `exec-server config`, and so
-//! that its `install` can apply the server-side settings (§5.8) and log the probe (§6.2).
-//! The `fs` and `process` plugins read the same table for their helpers.
+//! that its `install` can log the probe (§6.2). The `fs` and `process` plugins read the
+//! same table for their helpers. The server's own hardening (§5.8) is not configurable:
+//! `main` applies it before configuration exists (`exec_server_core::hygiene`).
 
 use std::path::PathBuf;
 
@@ -46,8 +47,6 @@ pub struct SandboxConfig {
     /// The binary spawned for helpers; `None`: `/proc/self/exe`.
     pub helper_executable: Option<PathBuf>,
     pub process_narrowing: ProcessNarrowing,
-    /// `prctl(PR_SET_DUMPABLE, 0)` at start-up (§5.8).
-    pub server_non_dumpable: bool,
     /// How long output may still arrive after a sandboxed process exits.
     pub exit_output_grace_ms: u64,
 }
@@ -61,7 +60,6 @@ impl Default for SandboxConfig {
             max_concurrent_helpers: 16,
             helper_executable: None,
             process_narrowing: ProcessNarrowing::MountNamespace,
-            server_non_dumpable: true,
             exit_output_grace_ms: 20,
         }
     }
@@ -78,8 +76,9 @@ struct SandboxTable {
     max_concurrent_helpers: usize,
     helper_executable: Option<PathBuf>,
     process_narrowing: String,
-    server_non_dumpable: bool,
     exit_output_grace_ms: u64,
+    /// Removed: accepted only to be refused with a message that says so.
+    server_non_dumpable: Option<serde::de::IgnoredAny>,
 }
 
 impl Default for SandboxTable {
@@ -92,8 +91,8 @@ impl Default for SandboxTable {
             max_concurrent_helpers: d.max_concurrent_helpers,
             helper_executable: None,
             process_narrowing: "mount-namespace".to_owned(),
-            server_non_dumpable: d.server_non_dumpable,
             exit_output_grace_ms: d.exit_output_grace_ms,
+            server_non_dumpable: None,
         }
     }
 }
@@ -103,6 +102,12 @@ impl SandboxConfig {
     pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
         let table: SandboxTable = source.section(TABLE)?;
         let key = |name: &str| format!("{TABLE}.{name}");
+        if table.server_non_dumpable.is_some() {
+            return Err(source.invalid(
+                &key("server_non_dumpable"),
+                "was removed: the server is always non-dumpable and this can no longer be switched off; delete the key",
+            ));
+        }
         let enforcement = match table.enforcement.as_str() {
             "require" => Enforcement::Require,
             "best-effort" => Enforcement::BestEffort,
@@ -158,7 +163,6 @@ impl SandboxConfig {
             max_concurrent_helpers: table.max_concurrent_helpers,
             helper_executable: table.helper_executable,
             process_narrowing,
-            server_non_dumpable: table.server_non_dumpable,
             exit_output_grace_ms: table.exit_output_grace_ms,
         })
     }
@@ -172,9 +176,6 @@ fn effective_section(source: &ConfigSource, _table: &str) -> Result<Value, Confi
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let config = SandboxConfig::from_source(install.config_source())?;
-    if config.server_non_dumpable {
-        set_non_dumpable();
-    }
     let missing = enforce::probe_missing();
     if !missing.is_empty() {
         match config.enforcement {
@@ -190,22 +191,6 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     }
     crate::helpers::check_registered();
     Ok(())
-}
-
-/// §5.8: hides the server's memory and `/proc/<pid>/environ` from workloads of the same
-/// (non-root) user.
-fn set_non_dumpable() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: PR_SET_DUMPABLE takes integer arguments only.
-        let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-        if rc != 0 {
-            tracing::warn!(
-                "could not mark the server non-dumpable: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
 }
 
 exec_server_core::inventory::submit! {
@@ -263,6 +248,17 @@ mod tests {
             let source = ConfigSource::from_toml_str(&format!("[sandbox]\n{toml}\n"));
             let error = SandboxConfig::from_source(&source).unwrap_err();
             assert!(error.0.contains(key), "{toml}: {error}");
+        }
+        for value in ["true", "false"] {
+            let source =
+                ConfigSource::from_toml_str(&format!("[sandbox]\nserver_non_dumpable = {value}\n"));
+            let error = SandboxConfig::from_source(&source).unwrap_err();
+            assert!(
+                error
+                    .0
+                    .starts_with("invalid config: sandbox.server_non_dumpable was removed: "),
+                "{error}"
+            );
         }
         let source = ConfigSource::from_toml_str(
             "[sandbox]\nenforcement = \"best-effort\"\nprocess_narrowing = \"skip\"\n",

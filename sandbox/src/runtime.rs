@@ -43,6 +43,7 @@ const SECRET_FILE_KEYS: &[&str] = &[
     "relay.token_file",
     "rendezvous.signing_key_file",
     "rendezvous.tls_key_file",
+    "websocket.bearer_token_file",
 ];
 
 /// The configuration file the server read and every secret file its configuration names

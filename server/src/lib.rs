@@ -11,11 +11,14 @@
 //! * [`in_process`] — a connection without a transport, for tests and embedding.
 //! * [`metrics`] — process-wide counters, gauges and histograms for `/metrics`.
 //! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
+//! * [`hygiene`] — process hardening run first thing: non-dumpable, secrets out of the
+//!   environment, descriptor limit raised.
 
 pub mod call;
 pub mod connection;
 pub mod extensions;
 pub mod helpers;
+pub mod hygiene;
 pub mod in_process;
 pub mod metrics;
 pub mod plugin;

@@ -5,6 +5,7 @@
 //! or removes a directory around a glob-denied file. Each refusal is checked on the disk.
 
 use std::os::unix::fs::symlink;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use serde_json::{json, Value};
@@ -136,6 +137,8 @@ async fn copying_a_tree_never_copies_the_servers_config_file() {
     std::fs::write(conf.join("notes.txt"), "notes").unwrap();
     let config = conf.join("server.toml");
     std::fs::write(&config, "[websocket]\nbearer_token = \"do-not-leak\"\n").unwrap();
+    // A config file holding a secret must be owner-only, or the server refuses to start.
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
     let mut client = Client::stdio(&["--config", config.to_str().unwrap()]).await;
     client.handshake().await;
     let policy = managed(vec![root_read(), entry(&tree.path("allowed"), "write")]);

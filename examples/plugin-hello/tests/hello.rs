@@ -167,6 +167,67 @@ fn a_host_that_does_not_link_the_crate_refuses_to_start() {
     );
 }
 
+#[test]
+fn the_host_binary_is_hardened_like_the_server() {
+    const TOKEN: &str = "host-token-6d1f";
+    let mut server = Server::start(
+        &[
+            ("CODEX_EXEC_SERVER_CONNECTION_TOKEN", TOKEN),
+            ("HOST_MARKER", "visible"),
+        ],
+        &[],
+    );
+    server.handshake();
+    let environ = format!("/proc/{}/environ", server.child.id());
+    match std::fs::read(&environ) {
+        // Root may read it: the token must be gone from the block itself.
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(text.contains("HOST_MARKER=visible"), "{text}");
+            assert!(!text.contains(TOKEN), "{environ} shows the token");
+        }
+        // Another user may not; the same user may not either, as the host is non-dumpable.
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}"),
+    }
+
+    // Run as an unprivileged user (when root can arrange it), the host's /proc files are
+    // root-owned: the kernel's sign that it is not dumpable.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    if !root {
+        return;
+    }
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_exec-server-hello"))
+        .args(["--listen", "stdio"])
+        .current_dir("/")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    writeln!(
+        stdin,
+        "{}",
+        json!({"id": 0, "method": "initialize", "params": {"clientName": "t"}})
+    )
+    .unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("sessionId"), "{line}");
+    use std::os::unix::fs::MetadataExt as _;
+    let environ = format!("/proc/{}/environ", child.id());
+    let owner = std::fs::metadata(&environ).unwrap().uid();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(owner, 0, "the host running as uid 65534 is dumpable");
+}
+
 /// Just enough of TOML for `exec-server config` output: `[table]` and `key = value`.
 mod toml_like {
     pub type Table = std::collections::BTreeMap<String, String>;

@@ -4,15 +4,16 @@
 
 use std::path::PathBuf;
 
-use exec_server_core::config::{ConfigError, ConfigSource, REDACTED};
+use exec_server_core::config::secret::{check_secret_file_mode, read_token_file};
+use exec_server_core::config::{secret_env, ConfigError, ConfigSource, SecretString, REDACTED};
 use exec_server_core::{Install, InstallError, Plugin};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Default variable holding the executor's bearer token.
-pub const DEFAULT_TOKEN_ENV: &str = "EXEC_SERVER_RELAY_TOKEN";
+pub const DEFAULT_TOKEN_ENV: &str = secret_env::RELAY_TOKEN_ENV;
 /// The variable an older reference generation used.
-pub const LEGACY_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN";
+pub const LEGACY_TOKEN_ENV: &str = secret_env::LEGACY_RELAY_TOKEN_ENV;
 
 exec_server_core::inventory::submit! {
     Plugin {
@@ -215,6 +216,10 @@ impl RelayConfig {
             crate::registry::BaseUrl::parse(url, relay.allow_insecure)
                 .map_err(|problem| source.invalid("relay.url", problem))?;
         }
+        if let Some(path) = &relay.token_file {
+            check_secret_file_mode(path)
+                .map_err(|e| source.invalid("relay.token_file", e.describe(path)))?;
+        }
         Ok(relay)
     }
 
@@ -223,21 +228,21 @@ impl RelayConfig {
         self.url.is_some() && self.environment_id.is_some()
     }
 
-    /// The bearer token, from `token_file`, the variable `token_env`, then the legacy
-    /// variable (§9.1).
-    pub fn bearer_token(&self) -> Result<String, String> {
+    /// The bearer token, from `token_file` (owner-only), the variable `token_env`, then
+    /// the legacy variable (§9.1). The variables were taken out of the environment at
+    /// start-up ([`secret_env`]); their captured values are used.
+    pub fn bearer_token(&self) -> Result<SecretString, String> {
         if let Some(path) = &self.token_file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read relay.token_file {}: {e}", path.display()))?;
-            let token = text.trim().to_owned();
+            let token = read_token_file(path)
+                .map_err(|e| format!("invalid config: relay.token_file {}", e.describe(path)))?;
             if token.is_empty() {
                 return Err(format!("relay.token_file {} is empty", path.display()));
             }
             return Ok(token);
         }
         for name in [self.token_env.as_str(), LEGACY_TOKEN_ENV] {
-            if let Ok(token) = std::env::var(name) {
-                let token = token.trim().to_owned();
+            if let Some(token) = secret_env::secret_variable(name) {
+                let token = SecretString::new(token.expose().trim());
                 if !token.is_empty() {
                     return Ok(token);
                 }
@@ -434,6 +439,10 @@ impl RendezvousConfig {
         }
         if !config.base_path.is_empty() && !config.base_path.starts_with('/') {
             return Err(source.invalid("rendezvous.base_path", "must start with `/`"));
+        }
+        if let Some(path) = &config.signing_key_file {
+            check_secret_file_mode(path)
+                .map_err(|e| source.invalid("rendezvous.signing_key_file", e.describe(path)))?;
         }
         Ok(config)
     }

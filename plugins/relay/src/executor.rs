@@ -24,7 +24,7 @@ use crate::noise::{
     prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES,
 };
 use crate::proto::{self, Body, RelayMessageFrame, ResetReason};
-use crate::registry::{BaseUrl, RegistryClient, RegistryError, SecretString};
+use crate::registry::{BaseUrl, RegistryClient, RegistryError};
 use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
 
 exec_server_core::inventory::submit! {
@@ -60,7 +60,7 @@ fn open_relay(
     .map_err(StartupError)?;
     let registry = RegistryClient::new(
         base,
-        SecretString::new(token),
+        token,
         Duration::from_millis(config.request_timeout_ms),
         config.allow_insecure,
     );

@@ -18,24 +18,9 @@ const MAX_SHOWN_ERROR_BODY: usize = 4_096;
 /// Largest response body read.
 const MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
-/// A secret string whose `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SecretString(String);
-
-impl SecretString {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for SecretString {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
+/// A secret string whose `Debug` never shows it (the configuration's own type, so a token
+/// read at start-up is handed on as is).
+pub use exec_server_config::SecretString;
 
 /// `environment_id` rules of §7.2, checked before any request.
 pub fn check_environment_id(id: &str) -> Result<(), String> {

@@ -11,11 +11,11 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::{header, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::serve::ListenerExt;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
+use super::http_server::{serve_http, ListenerLimits};
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::router::StartupError;
 use crate::server::{Listener, ListenerKind, ServerContext};
@@ -77,24 +77,12 @@ impl Listener for WebsocketListener {
     }
 
     async fn serve(self: Box<Self>, server: Arc<ServerContext>) {
-        let listener = self
-            .listener
-            .expect("bind runs before serve")
-            .tap_io(|tcp| {
-                // Request/response traffic: Nagle + delayed ACK would add ~40 ms.
-                let _ = tcp.set_nodelay(true);
-            });
-        let shutdown = server.shutdown.clone();
+        let listener = self.listener.expect("bind runs before serve");
         let app = axum::Router::new()
             .fallback(route)
             .with_state(Arc::clone(&self.server));
-        let service = app.into_make_service_with_connect_info::<SocketAddr>();
-        if let Err(e) = axum::serve(listener, service)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-        {
-            tracing::error!(error = %e, "websocket listener failed");
-        }
+        let limits = ListenerLimits::from(&server.core.listener);
+        serve_http(listener, app, limits, "websocket", server.shutdown.clone()).await;
     }
 }
 
@@ -131,7 +119,7 @@ async fn route(
 /// `/metrics` reveals activity, so it is guarded by the bearer token like the upgrade.
 fn metrics_response(server: &ServerContext, headers: &axum::http::HeaderMap) -> Response {
     if let Some(expected) = &server.core.websocket.bearer_token {
-        if !bearer_matches(headers.get(header::AUTHORIZATION), expected) {
+        if !bearer_matches(headers.get(header::AUTHORIZATION), expected.expose()) {
             return unauthorized();
         }
     }
@@ -162,7 +150,7 @@ async fn upgrade(
         Err(rejection) => return rejection.into_response(),
     };
     if let Some(expected) = &server.core.websocket.bearer_token {
-        if !bearer_matches(parts.headers.get(header::AUTHORIZATION), expected) {
+        if !bearer_matches(parts.headers.get(header::AUTHORIZATION), expected.expose()) {
             return unauthorized();
         }
     }

@@ -29,8 +29,9 @@ use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
-use exec_server_core::config::ConfigSource;
+use exec_server_core::config::secret::read_secret_file;
+use exec_server_core::config::{secret_env, ConfigSource};
+use exec_server_core::transport::http_server::{serve_http, ListenerLimits};
 use exec_server_core::StartupError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -47,13 +48,14 @@ pub use state::RouterTiming;
 use state::{Hub, SocketRole, UpgradeRefusal};
 
 /// Environment variable holding the base64 signing key (§8.4).
-pub const SIGNING_KEY_ENV: &str = "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY";
+pub const SIGNING_KEY_ENV: &str = secret_env::RENDEZVOUS_SIGNING_KEY_ENV;
 
-/// Command-line flags of `exec-server rendezvous` (§9.5).
+/// Command-line flags of `exec-server rendezvous` (§9.5), and the `[listener]` limits.
 #[derive(Debug, Clone, Default)]
 pub struct RendezvousArgs {
     pub listen: Option<String>,
     pub public_url: Option<String>,
+    pub listener: ListenerLimits,
 }
 
 struct TokenEntry {
@@ -115,16 +117,19 @@ fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
 
 fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
     if let Some(path) = &config.signing_key_file {
-        let bytes = std::fs::read(path).map_err(|e| {
+        let mut bytes = read_secret_file(path).map_err(|e| {
             format!(
-                "cannot read rendezvous.signing_key_file {}: {e}",
-                path.display()
+                "invalid config: rendezvous.signing_key_file {}",
+                e.describe(path)
             )
         })?;
-        return SigningKey::new(&bytes);
+        let key = SigningKey::new(&bytes);
+        zeroize::Zeroize::zeroize(&mut bytes);
+        return key;
     }
-    if let Ok(text) = std::env::var(SIGNING_KEY_ENV) {
-        return SigningKey::from_base64(&text);
+    // Captured and erased from the environment at start-up.
+    if let Some(text) = secret_env::secret_variable(SIGNING_KEY_ENV) {
+        return SigningKey::from_base64(text.expose());
     }
     tracing::warn!(
         "no rendezvous signing key configured; generated one for this run: URLs and authorizations will not survive a restart"
@@ -132,10 +137,12 @@ fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
     Ok(SigningKey::random())
 }
 
-/// Starts the service from its configuration; returns once it listens.
+/// Starts the service from its configuration; returns once it listens. Its listener
+/// runs under `limits`, like every network listener.
 pub async fn start(
     config: RendezvousConfig,
     timing: RouterTiming,
+    limits: ListenerLimits,
 ) -> Result<RunningRendezvous, String> {
     let addr = parse_listen(&config.listen)?;
     if !addr.ip().is_loopback() && config.public_url.is_none() && !config.allow_insecure {
@@ -184,7 +191,7 @@ pub async fn start(
         ));
     };
     tracing::info!(address = %local_addr, "rendezvous listening");
-    let limits = RateLimits::new(&config, capacity.tenant_count());
+    let rate_limits = RateLimits::new(&config, capacity.tenant_count());
     let hub = Hub::new(&config, capacity, timing);
     let service = Arc::new(Service {
         config,
@@ -192,7 +199,7 @@ pub async fn start(
         tokens,
         ws_base,
         hub: Arc::clone(&hub),
-        limits,
+        limits: rate_limits,
     });
     let inner = axum::Router::new()
         .route("/cloud/environment/{id}/register", post(register))
@@ -212,19 +219,9 @@ pub async fn start(
     let stop = shutdown.clone();
     let sweeper = hub.spawn_sweeper(shutdown.clone());
     let task = tokio::spawn(async move {
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        // Handlers read the peer address (per-address rate limits) from `ConnectInfo`.
-        let result = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "rendezvous service failed");
-        }
+        // Handlers read the peer address (per-address rate limits) from `ConnectInfo`,
+        // which the shared accept loop inserts into every request.
+        serve_http(listener, app, limits, "rendezvous", stop).await;
         hub.close_all(Duration::from_secs(1)).await;
         sweeper.abort();
     });
@@ -250,7 +247,7 @@ pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), Startu
         .build()
         .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
     runtime.block_on(async move {
-        let running = start(config, RouterTiming::default())
+        let running = start(config, RouterTiming::default(), args.listener)
             .await
             .map_err(StartupError)?;
         {
