@@ -24,7 +24,7 @@ use exec_server_sandbox::exec::exchange::{exchange, ControlSocket, LaunchOutcome
 use exec_server_sandbox::exec::{resolve_program, LaunchReport, LaunchRequest, SANDBOX_EXEC_ARG1};
 use exec_server_sandbox::fs_helper::runner::ENV_ALLOW_LIST;
 use exec_server_sandbox::narrow::NarrowingOutcome;
-use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
+use exec_server_sandbox::policy::{Network, SandboxDecision, SandboxPolicy};
 
 use crate::managed::{ManagedProcess, StdinMode};
 use crate::pump::{reap, OutputSource, Pump};
@@ -71,17 +71,7 @@ pub(crate) async fn start(
         None => SandboxType::None,
         Some(launch) => match confine(&plugin, launch, pid, &pidfd).await {
             Ok(report) => {
-                if report.narrowing == NarrowingOutcome::Skipped {
-                    if let Some(policy) = decision.policy() {
-                        if !policy.read_only.is_empty() || !policy.denied_paths.is_empty() {
-                            tracing::warn!(
-                                process = %params.process_id,
-                                pid,
-                                "mount narrowing skipped: carve-outs and deny entries are not enforced for this process"
-                            );
-                        }
-                    }
-                }
+                warn_about_weaker_confinement(&params.process_id, &report, decision.policy());
                 if report.is_enforced() {
                     SandboxType::LinuxSeccomp
                 } else {
@@ -132,11 +122,12 @@ pub(crate) async fn start(
 /// then the launcher's report. On failure the launcher is killed if needed and reaped.
 async fn confine(
     plugin: &ProcessPlugin,
-    launch: Launch,
+    mut launch: Launch,
     pid: libc::pid_t,
     pidfd: &AsyncFd<OwnedFd>,
 ) -> Result<LaunchReport, RpcError> {
     let timeout = plugin.sandbox.helper_timeout();
+    launch.request.parent_pid = std::process::id();
     let outcome = tokio::task::spawn_blocking(move || {
         exchange(
             &launch.control,
@@ -165,6 +156,41 @@ async fn confine(
                 u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             ))
         }
+    }
+}
+
+/// Logs, once per server and kind, what the launcher could not apply (SANDBOX.md §5.8,
+/// §8.4): never the command, only the process id and what is missing.
+fn warn_about_weaker_confinement(
+    process_id: &str,
+    report: &LaunchReport,
+    policy: Option<&SandboxPolicy>,
+) {
+    if report.narrowing == NarrowingOutcome::Skipped {
+        if let Some(policy) = policy {
+            if !policy.read_only.is_empty() || !policy.denied_paths.is_empty() {
+                tracing::warn!(
+                    process = %process_id,
+                    "mount narrowing skipped: carve-outs and deny entries are not enforced for this process"
+                );
+            }
+        }
+    }
+    let network_restricted = policy.is_some_and(|p| p.network == Network::Restricted);
+    let missing = report.missing_isolation(network_restricted);
+    if missing.is_empty() {
+        return;
+    }
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let text = missing.join(", ");
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if !warned.contains(&text) {
+        tracing::warn!(
+            process = %process_id,
+            missing = %text,
+            "sandboxed process runs with weaker isolation than intended (the kernel refused it); Landlock still confines it"
+        );
+        warned.push(text);
     }
 }
 
