@@ -452,6 +452,46 @@ mod tests {
     }
 
     #[test]
+    fn the_keeper_kills_descendants_that_left_the_group_and_reports_the_kill() {
+        let (stdin, _stdin_w) = sys::pipe().unwrap();
+        let (out_r, out_w) = sys::pipe().unwrap();
+        let (err_r, err_w) = sys::pipe().unwrap();
+        drop(err_r);
+        let script = "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 1000";
+        let command = Command {
+            candidates: cstrings(&["/bin/sh"]),
+            argv: cstrings(&["sh", "-c", script]),
+            envp: cstrings(&["PATH=/usr/bin:/bin"]),
+            cwd: CString::new("/").unwrap(),
+            stdio: ChildStdio::Pipes {
+                stdin: sys::above_stdio(stdin).unwrap(),
+                stdout: sys::above_stdio(out_w).unwrap(),
+                stderr: sys::above_stdio(err_w).unwrap(),
+            },
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let spawned = rt
+            .block_on(Spawner::global().unwrap().spawn(command))
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(std::fs::File::from(out_r)),
+            &mut line,
+        )
+        .unwrap();
+        let daemon: i32 = line.trim().parse().unwrap();
+        assert!(std::path::Path::new(&format!("/proc/{daemon}")).exists());
+        spawned.keeper.kill_tree();
+        assert_eq!(finish(spawned), 128 + libc::SIGKILL);
+        // The keeper reaped the daemon before it exited: nothing by that pid remains (or a
+        // new process reused it, which would not be our sleep).
+        let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
+        assert!(!cmdline.starts_with(b"sleep\01000"), "the daemon survived");
+    }
+
+    #[test]
     fn signals_start_at_their_defaults() {
         // The test harness (like the server) ignores SIGPIPE; the child must not.
         let (spawned, out) = run(
