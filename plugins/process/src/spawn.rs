@@ -488,7 +488,7 @@ mod tests {
         // The keeper reaped the daemon before it exited: nothing by that pid remains (or a
         // new process reused it, which would not be our sleep).
         let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
-        assert!(!cmdline.starts_with(b"sleep\01000"), "the daemon survived");
+        assert!(!cmdline.starts_with(b"sleep\x001000"), "the daemon survived");
     }
 
     #[test]
