@@ -38,7 +38,7 @@ pub(crate) const KILL_TREE: i32 = 36;
 const SPAWN_FAILED_STATUS: i32 = 127;
 /// How long the keeper sleeps between checks that its parent is still the server, should
 /// the parent-death signal ever be missed. Only a safety net.
-const PARENT_CHECK_MS: u64 = 10_000;
+const PARENT_CHECK_MS: u64 = 30_000;
 /// How long a round of [`kill_tree`] waits for an orphan that is being re-parented but is
 /// not visible in `/proc` yet.
 const ORPHAN_WAIT_MS: u64 = 10;
