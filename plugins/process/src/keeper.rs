@@ -47,6 +47,16 @@ const MAX_KILL_ROUNDS: usize = 4096;
 /// `__WALL`: wait for every kind of child.
 const WALL: i32 = 0x4000_0000;
 
+/// The signals the kernel delivers even when blocked: those of faults.
+const FORCED_SIGNALS: [i32; 6] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+];
+
 /// Where the keeper moves what it keeps, in this order: the target's stdin, stdout, stderr,
 /// then the status pipe.
 const KEPT_FDS: [i32; 4] = [3, 4, 5, 6];
@@ -157,8 +167,12 @@ pub(crate) extern "C" fn keeper_main(arg: *mut c_void) -> libc::c_int {
     let server_pid = args.server_pid;
     let (target_stack, target_stack_len) = args.target_stack;
 
-    reset_signal_dispositions();
-    let _ = raw::disable_signal_stack();
+    // Every signal stays blocked in the keeper, so the server's handlers (which this copy
+    // of its dispositions still names) can only run for a fault the kernel forces through;
+    // such a fault must just end the keeper.
+    for signal in FORCED_SIGNALS {
+        let _ = raw::reset_disposition(signal);
+    }
     for step in [
         raw::setsid(),
         raw::prctl(libc::PR_SET_CHILD_SUBREAPER, 1),
@@ -270,46 +284,47 @@ fn reset_signal_dispositions() {
 /// the target keeps only what it duplicates onto 0–2) and closes everything else.
 fn keep_only_needed_descriptors(args: &KeeperArgs) -> Result<(), i32> {
     let [stdin, stdout, stderr] = args.stdio;
-    let needed = [stdin, stdout, stderr, args.status];
-    // Copies above every kept number and every original, so that duplicating onto 3–6
-    // cannot overwrite a descriptor still to be moved.
-    let floor = needed.iter().copied().max().unwrap_or(0).max(6) + 1;
-    let mut copies = [-1i32; 4];
-    for (copy, fd) in copies.iter_mut().zip(needed) {
-        let moved = raw::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, floor);
+    let mut needed = [stdin, stdout, stderr, args.status];
+    let last_kept = KEPT_FDS[KEPT_FDS.len() - 1];
+    // Duplicating onto 3–6 must not overwrite a descriptor still to be moved: when one of
+    // them is numbered there, first copy all of them above every kept number.
+    if needed.iter().any(|fd| *fd <= last_kept) {
+        let floor = needed.iter().copied().max().unwrap_or(0).max(last_kept) + 1;
+        for fd in needed.iter_mut() {
+            let moved = raw::fcntl_int(*fd, libc::F_DUPFD_CLOEXEC, floor);
+            if moved < 0 {
+                return Err(raw::errno_of(moved));
+            }
+            *fd = moved as i32;
+        }
+    }
+    for (fd, target) in needed.iter().zip(KEPT_FDS) {
+        let moved = raw::dup3(*fd, target, libc::O_CLOEXEC);
         if moved < 0 {
             return Err(raw::errno_of(moved));
         }
-        *copy = moved as i32;
     }
-    for (copy, target) in copies.iter().zip(KEPT_FDS) {
-        let moved = raw::dup3(*copy, target, libc::O_CLOEXEC);
-        if moved < 0 {
-            return Err(raw::errno_of(moved));
-        }
-    }
-    for fd in 0..3 {
-        let _ = raw::close(fd);
-    }
-    close_from(7);
+    close_from(0, 2);
+    close_from(last_kept + 1, i32::MAX);
     Ok(())
 }
 
-/// Closes every descriptor numbered `first` or above.
-fn close_from(first: i32) {
-    if raw::close_range(first as u32, u32::MAX, 0) == 0 {
+/// Closes every descriptor numbered from `first` to `last`.
+fn close_from(first: i32, last: i32) {
+    if raw::close_range(first as u32, last as u32, 0) == 0 {
         return;
     }
     // Before Linux 5.9: list the open descriptors, or close a generous range blindly.
-    if !close_listed_descriptors(first) {
-        for fd in first..65_536 {
+    if !close_listed_descriptors(first, last) {
+        for fd in first..=last.min(65_535) {
             let _ = raw::close(fd);
         }
     }
 }
 
-/// Closes the descriptors ≥ `first` that `/proc/self/fd` lists; false if it cannot be read.
-fn close_listed_descriptors(first: i32) -> bool {
+/// Closes the descriptors from `first` to `last` that `/proc/self/fd` lists; false if it
+/// cannot be read.
+fn close_listed_descriptors(first: i32, last: i32) -> bool {
     let dir = raw::open(
         c"/proc/self/fd",
         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
@@ -329,7 +344,7 @@ fn close_listed_descriptors(first: i32) -> bool {
         while let Some((name, next)) = next_dirent(filled, pos) {
             pos = next;
             if let Some(fd) = parse_number(name) {
-                if fd >= first && fd != dir {
+                if (first..=last).contains(&fd) && fd != dir {
                     let _ = raw::close(fd);
                 }
             }

@@ -1,6 +1,6 @@
 //! The live keepers of one session ([`crate::keeper`]): each is signalled with
 //! [`KILL_TREE`](crate::keeper::KILL_TREE) when its process is terminated or the session
-//! ends, and reaped by a task of its own when it exits, which only then frees its stack.
+//! ends, and reaped by a task of its own when it exits, which only then releases its stack.
 //!
 //! A keeper can outlive its process's table entry: a daemon that closed its output keeps
 //! running after `process/closed` and after the closed-retention time, and must still die
@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::unix::AsyncFd;
@@ -18,37 +18,49 @@ use crate::keeper::KILL_TREE;
 use crate::spawn::{Keeper, KeeperStack};
 use crate::sys;
 
-/// A keeper that has not been reaped yet (or just was).
+/// A keeper, until it has been reaped.
+///
+/// Signals go to its pid, but only while it is not reaped, and reaping happens under the
+/// same lock: an unreaped keeper's pid cannot be reused, so a signal never reaches another
+/// process. This way a retained process holds no descriptor for its keeper; the reaping
+/// task alone holds the pidfd, for as long as the keeper runs.
 #[derive(Debug)]
 pub(crate) struct LiveKeeper {
     pub pid: libc::pid_t,
-    /// Signals go through the pidfd, so they can never reach a process that reused the pid.
-    pidfd: OwnedFd,
+    /// Set by the reaping task, under the lock, when it reaped the keeper.
+    reaped: Mutex<bool>,
 }
 
 impl LiveKeeper {
     /// Makes the keeper kill every process of its tree and exit. No effect once it exited.
     pub fn kill_tree(&self) {
-        if let Err(e) = sys::pidfd_signal(&self.pidfd, KILL_TREE) {
+        let reaped = self.reaped.lock().unwrap_or_else(|e| e.into_inner());
+        if *reaped {
+            return;
+        }
+        // SAFETY: kill has no memory effects; the pid is our unreaped child (see above).
+        if unsafe { libc::kill(self.pid, KILL_TREE) } != 0 {
+            let e = io::Error::last_os_error();
             tracing::warn!(keeper = self.pid, error = %e, "failed to signal a process keeper");
         }
     }
 
-    /// A keeper handle for unit tests that never signal it: the test process itself.
+    /// Reaps the keeper behind `pidfd` if it has exited; true once it is reaped.
+    fn try_reap(&self, pidfd: &OwnedFd) -> io::Result<bool> {
+        let mut reaped = self.reaped.lock().unwrap_or_else(|e| e.into_inner());
+        if !*reaped && sys::try_wait(pidfd)?.is_some() {
+            *reaped = true;
+        }
+        Ok(*reaped)
+    }
+
+    /// A keeper handle for unit tests, which never signals anything.
     #[cfg(test)]
     pub fn for_tests() -> Arc<Self> {
-        // SAFETY: pidfd_open of our own pid returns a new descriptor we own.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-        assert!(fd >= 0, "pidfd_open failed");
-        // SAFETY: the descriptor was just created and is owned here alone.
-        let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) };
-        Arc::new(Self { pid: 0, pidfd })
-    }
-}
-
-impl AsRawFd for LiveKeeper {
-    fn as_raw_fd(&self) -> RawFd {
-        self.pidfd.as_raw_fd()
+        Arc::new(Self {
+            pid: 0,
+            reaped: Mutex::new(true),
+        })
     }
 }
 
@@ -73,7 +85,10 @@ impl KeeperRegistry {
     /// it exits and then frees its stack. Must be called within the tokio runtime.
     pub fn adopt(self: &Arc<Self>, keeper: Keeper) -> Arc<LiveKeeper> {
         let Keeper { pid, pidfd, stack } = keeper;
-        let live = Arc::new(LiveKeeper { pid, pidfd });
+        let live = Arc::new(LiveKeeper {
+            pid,
+            reaped: Mutex::new(false),
+        });
         let ended = {
             let mut state = self.state();
             state.live.insert(pid, Arc::clone(&live));
@@ -82,7 +97,7 @@ impl KeeperRegistry {
         if ended {
             live.kill_tree();
         }
-        tokio::spawn(reap(Arc::clone(self), Arc::clone(&live), stack));
+        tokio::spawn(reap(Arc::clone(self), Arc::clone(&live), pidfd, stack));
         live
     }
 
@@ -99,26 +114,32 @@ impl KeeperRegistry {
     }
 }
 
-/// Waits for the keeper to exit, reaps it, frees its stack and forgets it. If it cannot be
-/// reaped, its stack is leaked rather than pulled from under a running keeper.
-async fn reap(registry: Arc<KeeperRegistry>, keeper: Arc<LiveKeeper>, stack: KeeperStack) {
-    // SAFETY: the `LiveKeeper` owns its pidfd for as long as this `Arc` lives and always
-    // returns the same descriptor, which is what registration requires.
-    let registered =
-        unsafe { AsyncFd::register_with_interest(Arc::clone(&keeper), Interest::READABLE) };
-    let reaped = match registered {
-        Ok(pidfd) => wait_exit(&pidfd).await,
-        Err(_) => {
+/// Waits for the keeper to exit, reaps it, releases its stack and forgets it. If it cannot
+/// be reaped, its stack is leaked rather than pulled from under a running keeper.
+async fn reap(
+    registry: Arc<KeeperRegistry>,
+    keeper: Arc<LiveKeeper>,
+    pidfd: OwnedFd,
+    stack: KeeperStack,
+) {
+    let reaped = match sys::register(pidfd, Interest::READABLE) {
+        Ok(pidfd) => reap_when_readable(&keeper, &pidfd).await,
+        Err((pidfd, _)) => {
             let blocking = Arc::clone(&keeper);
-            tokio::task::spawn_blocking(move || sys::wait_blocking(&blocking.pidfd))
-                .await
-                .map_err(io::Error::other)
-                .and_then(|r| r)
+            tokio::task::spawn_blocking(move || loop {
+                sys::wait_readable(&pidfd)?;
+                if blocking.try_reap(&pidfd)? {
+                    return Ok(());
+                }
+            })
+            .await
+            .map_err(io::Error::other)
+            .and_then(|r| r)
         }
     };
     match reaped {
         // SAFETY: the keeper has been reaped, so nothing runs on its stack any more.
-        Ok(_) => unsafe { stack.unmap() },
+        Ok(()) => unsafe { stack.release() },
         Err(e) => {
             tracing::warn!(keeper = keeper.pid, error = %e, "process keeper not reaped");
         }
@@ -126,16 +147,15 @@ async fn reap(registry: Arc<KeeperRegistry>, keeper: Arc<LiveKeeper>, stack: Kee
     registry.state().live.remove(&keeper.pid);
 }
 
-async fn wait_exit(pidfd: &AsyncFd<Arc<LiveKeeper>>) -> io::Result<i32> {
+async fn reap_when_readable(keeper: &LiveKeeper, pidfd: &AsyncFd<OwnedFd>) -> io::Result<()> {
     loop {
         let mut ready = pidfd.readable().await?;
-        match ready.try_io(|fd| match sys::try_wait(&fd.get_ref().pidfd) {
-            Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
-            other => other,
+        match ready.try_io(|fd| match keeper.try_reap(fd.get_ref()) {
+            Ok(false) => Err(io::ErrorKind::WouldBlock.into()),
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
         }) {
-            Ok(Ok(Some(code))) => return Ok(code),
-            Ok(Ok(None)) => continue,
-            Ok(Err(e)) => return Err(e),
+            Ok(result) => return result,
             Err(_would_block) => continue,
         }
     }

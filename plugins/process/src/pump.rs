@@ -68,8 +68,9 @@ pub(crate) struct Pump {
     pub primary: Option<OutputSource>,
     /// stderr in pipe mode.
     pub secondary: Option<OutputSource>,
-    /// The keeper's status pipe (non-blocking), after the `started` record.
-    pub status: AsyncFd<OwnedFd>,
+    /// The keeper's status pipe (non-blocking), after the `started` record; closed once the
+    /// exit is recorded, so that a retained process holds no descriptor for it.
+    pub status: Option<AsyncFd<OwnedFd>>,
     /// Notifications wait for the `process/start` response (§2.9 rule 4); `None` once it
     /// has been queued.
     pub response_queued: Option<ResponseQueued>,
@@ -168,9 +169,12 @@ impl Pump {
                         self.secondary = None;
                     }
                 }
-                ready = self.status.readable(), if !exited => {
+                ready = status_readable(&self.status), if !exited => {
                     drop(ready);
                     exited = self.on_exit_ready().await;
+                    if exited {
+                        self.status = None;
+                    }
                 }
             }
         }
@@ -179,7 +183,10 @@ impl Pump {
     /// The status pipe is readable: drain what the child left in its streams, then collect
     /// and record the exit. Returns whether the exit was recorded.
     async fn on_exit_ready(&mut self) -> bool {
-        let code = match self.status.try_io(Interest::READABLE, read_exit) {
+        let Some(status) = &self.status else {
+            return false;
+        };
+        let code = match status.try_io(Interest::READABLE, read_exit) {
             Ok(code) => code,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
             Err(e) => {
@@ -288,6 +295,13 @@ impl Pump {
             queued.wait().await;
         }
         self.session.notify(method, params).await;
+    }
+}
+
+async fn status_readable(status: &Option<AsyncFd<OwnedFd>>) -> io::Result<()> {
+    match status {
+        Some(status) => status.readable().await.map(drop),
+        None => std::future::pending().await,
     }
 }
 

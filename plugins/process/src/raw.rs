@@ -8,7 +8,7 @@
 //! assembly and return the kernel's answer unchanged: a non-negative result, or `-errno`.
 //! Nothing here allocates, locks, panics or touches thread-local storage.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::CStr;
 
 /// Signals are numbered 1..=64 on Linux.
 pub(crate) const LAST_SIGNAL: i32 = 64;
@@ -401,22 +401,6 @@ pub(crate) fn set_signal_mask(mask: KernelSigset) -> isize {
                 0,
                 0,
             ],
-        )
-    }
-}
-
-/// Disables the alternate signal stack the spawner thread's copy would otherwise share.
-pub(crate) fn disable_signal_stack() -> isize {
-    let disabled = libc::stack_t {
-        ss_sp: std::ptr::null_mut::<c_void>(),
-        ss_flags: libc::SS_DISABLE,
-        ss_size: 0,
-    };
-    // SAFETY: the kernel reads one stack_t; no old stack.
-    unsafe {
-        syscall(
-            libc::SYS_sigaltstack,
-            [std::ptr::addr_of!(disabled) as usize, 0, 0, 0, 0, 0],
         )
     }
 }

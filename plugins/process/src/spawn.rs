@@ -28,7 +28,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{mpsc, OnceLock};
+use std::sync::{mpsc, Mutex, OnceLock};
 
 use tokio::sync::oneshot;
 
@@ -95,7 +95,7 @@ impl Keeper {
     fn reap_blocking(self) {
         if sys::wait_blocking(&self.pidfd).is_ok() {
             // SAFETY: the keeper has been reaped; nothing runs on its stack any more.
-            unsafe { self.stack.unmap() };
+            unsafe { self.stack.release() };
         }
     }
 }
@@ -176,7 +176,38 @@ unsafe impl Send for KeeperStack {}
 // SAFETY: the handle itself is never used to access the memory.
 unsafe impl Sync for KeeperStack {}
 
+/// Stacks of reaped keepers, ready for the next spawns: mapping a fresh one and faulting
+/// its pages in costs more than a spawn's own set-up. Bounded, so a burst of processes does
+/// not pin its stacks for good.
+static SPARE_STACKS: Mutex<Vec<KeeperStack>> = Mutex::new(Vec::new());
+const MAX_SPARE_STACKS: usize = 16;
+
 impl KeeperStack {
+    /// A spare stack, or a new one.
+    fn take() -> io::Result<Self> {
+        let spare = SPARE_STACKS.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match spare {
+            Some(stack) => Ok(stack),
+            None => Self::new(),
+        }
+    }
+
+    /// Keeps the stack for a later spawn, or unmaps it when enough are spare.
+    ///
+    /// # Safety
+    ///
+    /// The keeper never ran on it or has been reaped.
+    pub(crate) unsafe fn release(self) {
+        let mut spare = SPARE_STACKS.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < MAX_SPARE_STACKS {
+            spare.push(self);
+        } else {
+            drop(spare);
+            // SAFETY: forwarded contract.
+            unsafe { self.unmap() };
+        }
+    }
+
     fn new() -> io::Result<Self> {
         let page = page_size();
         let len = page + TARGET_STACK_BYTES + page + KEEPER_STACK_BYTES;
@@ -230,7 +261,7 @@ impl KeeperStack {
     /// # Safety
     ///
     /// The keeper never ran on them or has been reaped.
-    pub(crate) unsafe fn unmap(self) {
+    unsafe fn unmap(self) {
         // SAFETY: our own mapping, no longer in use (contract).
         unsafe { libc::munmap(self.base, self.len) };
     }
@@ -251,13 +282,13 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
 }
 
 fn spawn_child(server_pid: libc::pid_t, command: &Command) -> io::Result<Spawned> {
-    let stack = KeeperStack::new()?;
+    let stack = KeeperStack::take()?;
     let pipe = sys::pipe();
     let (status_read, status_write) = match pipe {
         Ok(pipe) => pipe,
         Err(e) => {
-            // SAFETY: no keeper ran on it.
-            unsafe { stack.unmap() };
+            // SAFETY: no keeper runs on it.
+            unsafe { stack.release() };
             return Err(e);
         }
     };
@@ -318,7 +349,7 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> io::Result<Spawned
     };
     if pid < 0 {
         // SAFETY: no keeper was created.
-        unsafe { stack.unmap() };
+        unsafe { stack.release() };
         return Err(io::Error::from_raw_os_error(clone_errno));
     }
     // Only the keeper holds the write end now: end-of-file means it is gone.
@@ -488,7 +519,10 @@ mod tests {
         // The keeper reaped the daemon before it exited: nothing by that pid remains (or a
         // new process reused it, which would not be our sleep).
         let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
-        assert!(!cmdline.starts_with(b"sleep\x001000"), "the daemon survived");
+        assert!(
+            !cmdline.starts_with(b"sleep\x001000"),
+            "the daemon survived"
+        );
     }
 
     #[test]

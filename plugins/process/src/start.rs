@@ -109,7 +109,7 @@ pub(crate) async fn start(
         table,
         primary: prepared.primary,
         secondary: prepared.secondary,
-        status,
+        status: Some(status),
         response_queued: Some(cx.response_queued()),
         chunk_bytes: config.output_chunk_bytes,
         closed_retention: Duration::from_millis(config.closed_retention_ms),

@@ -114,6 +114,25 @@ pub(crate) fn pidfd_signal(pidfd: &impl AsRawFd, signal: libc::c_int) -> io::Res
     }
 }
 
+/// Blocks until `fd` is readable (a pidfd: the process exited).
+pub(crate) fn wait_readable(fd: &impl AsRawFd) -> io::Result<()> {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, -1) } >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Collects the exit status behind a pidfd without blocking: `Ok(None)` while the process
 /// runs, `Ok(Some(code))` once it has been reaped, with `code` per PROTOCOL §4.11.
 pub(crate) fn try_wait(pidfd: &OwnedFd) -> io::Result<Option<i32>> {
