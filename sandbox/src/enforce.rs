@@ -3,6 +3,7 @@
 //! the helper's only thread; and the server's cached capability probe.
 //!
 //! * `seccomp` — the deny list per architecture and its installation (§5.3);
+//! * `bpf` — the compact BPF program of a deny list;
 //! * `ruleset` — the Landlock ruleset (§5.4);
 //! * [`namespaces`] — the namespaces the helpers enter before these layers (§5.8);
 //! * [`capabilities`] — the capability drop (§5.8).
@@ -11,6 +12,8 @@ use std::sync::OnceLock;
 
 use crate::policy::{Enforcement, Network, SandboxPolicy};
 
+#[cfg(target_os = "linux")]
+pub(crate) mod bpf;
 #[cfg(target_os = "linux")]
 pub mod capabilities;
 #[cfg(target_os = "linux")]

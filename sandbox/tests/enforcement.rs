@@ -204,6 +204,20 @@ fn probe(policy: &str, t: &Path) {
         for (name, rc) in containment {
             record(name, json!(errno_of(rc)));
         }
+        // x32 numbers of denied calls (their own program): refused before the kernel even
+        // looks at whether it runs x32 code.
+        #[cfg(target_arch = "x86_64")]
+        {
+            const X32: libc::c_long = 0x4000_0000;
+            record(
+                "x32_keyctl",
+                json!(errno_of(libc::syscall(X32 | libc::SYS_keyctl, 0, -3i32, 0))),
+            );
+            record(
+                "x32_ptrace",
+                json!(errno_of(libc::syscall(X32 | 521, 0, 0, 0, 0))),
+            );
+        }
         // clone with CLONE_NEWUSER is refused; a child that slipped through exits at once.
         let rc = libc::syscall(
             libc::SYS_clone,
@@ -330,6 +344,10 @@ fn check_probes() {
         expect(name, &[libc::EPERM]);
     }
     expect("clone3", &[libc::ENOSYS]);
+    #[cfg(target_arch = "x86_64")]
+    for name in ["x32_keyctl", "x32_ptrace"] {
+        expect(name, &[libc::EPERM]);
+    }
     expect("fork", &[0]);
     expect("parent_environ", &[libc::EACCES, libc::EPERM]);
     // The fs helper keeps only file access: DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER (as far

@@ -1,18 +1,19 @@
 //! The seccomp filter of both helpers (SANDBOX.md §5.3): a deny list of system calls that
 //! fail with `EPERM`, everything else allowed, other ABIs killed by the architecture check;
-//! plus a second filter that answers `clone3` with `ENOSYS`, so that libc falls back to
-//! `clone`, whose flags the first filter can inspect (`clone3` passes them in memory).
+//! and `clone3` answered with `ENOSYS`, so that libc falls back to `clone`, whose flags the
+//! filter can inspect (`clone3` passes them in memory).
 //!
 //! The numbers are tabled per architecture (not taken from `libc::SYS_*`, which only knows
 //! the host) so that the rule set of either architecture can be built and tested anywhere;
-//! a unit test checks the host's column against `libc`.
+//! a unit test checks the host's column against `libc`. The program itself is laid out by
+//! [`super::bpf`] and installed with seccompiler.
 
 use std::collections::BTreeMap;
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
+use seccompiler::{BpfProgram, TargetArch};
+
+pub(crate) use super::bpf::Condition;
+use super::bpf::{self, Rule};
 
 /// The rule groups of §5.3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,16 +31,6 @@ pub(crate) enum Group {
     Containment,
     /// `sethostname`, `setdomainname`: unless the process has a UTS namespace of its own.
     HostName,
-}
-
-/// When a denied call matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Condition {
-    Always,
-    /// Argument 0 (the socket domain), as a 32-bit value, is not `AF_UNIX`.
-    UnlessAfUnix,
-    /// Argument 0 (`clone`'s flags) contains `CLONE_NEWUSER`.
-    NewUserNamespace,
 }
 
 /// One denied system call.
@@ -147,7 +138,7 @@ pub(crate) const DENIED_CALLS: &[DeniedCall] = &[
     call("setdomainname", Group::HostName, 171, 162),
 ];
 
-/// `clone3`, answered with `ENOSYS` by the second filter (group C).
+/// `clone3`, answered with `ENOSYS` (group C).
 pub(crate) const CLONE3: DeniedCall = call("clone3", Group::Containment, 435, 435);
 
 /// Bit that marks an x32 system call number on x86_64.
@@ -216,93 +207,64 @@ fn numbers(call: &DeniedCall, arch: TargetArch, number: i64) -> Vec<i64> {
     numbers
 }
 
-/// The denied numbers with their conditions, for `arch`.
-pub(crate) fn rules(arch: TargetArch, scope: FilterScope) -> BTreeMap<i64, Vec<SeccompRule>> {
+/// The denied numbers with their conditions, for `arch` (without `clone3`).
+pub(crate) fn rules(arch: TargetArch, scope: FilterScope) -> BTreeMap<i64, Condition> {
     let mut rules = BTreeMap::new();
     for denied in DENIED_CALLS.iter().filter(|d| scope.includes(d.group)) {
         let Some(number) = number(denied, arch) else {
             continue;
         };
-        let chain = || match denied.condition {
-            Condition::Always => Vec::new(),
-            Condition::UnlessAfUnix => vec![not_af_unix()],
-            Condition::NewUserNamespace => vec![new_user_namespace()],
-        };
         for number in numbers(denied, arch, number) {
-            rules.insert(number, chain());
+            rules.insert(number, denied.condition);
         }
     }
     rules
 }
 
-/// The numbers of `clone3` on `arch` (the second filter's rules).
-pub(crate) fn clone3_rules(arch: TargetArch) -> BTreeMap<i64, Vec<SeccompRule>> {
+/// The numbers of `clone3` on `arch`.
+pub(crate) fn clone3_numbers(arch: TargetArch) -> Vec<i64> {
     number(&CLONE3, arch)
         .map(|n| numbers(&CLONE3, arch, n))
         .unwrap_or_default()
-        .into_iter()
-        .map(|n| (n, Vec::new()))
-        .collect()
 }
 
-/// Matches when argument 0, as a 32-bit value, is not `AF_UNIX`.
-fn not_af_unix() -> SeccompRule {
-    let condition = SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Ne,
-        libc::AF_UNIX as u64,
-    )
-    .expect("argument 0 is a valid argument index");
-    SeccompRule::new(vec![condition]).expect("a rule with one condition is valid")
+/// `AUDIT_ARCH_*` of `arch`.
+pub(crate) fn audit_arch(arch: TargetArch) -> Option<u32> {
+    match arch {
+        TargetArch::x86_64 => Some(0xc000_003e),
+        TargetArch::aarch64 => Some(0xc000_00b7),
+        _ => None,
+    }
 }
 
-/// Matches when argument 0 has the `CLONE_NEWUSER` bit.
-fn new_user_namespace() -> SeccompRule {
-    let flag = libc::CLONE_NEWUSER as u64;
-    let condition = SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Qword,
-        SeccompCmpOp::MaskedEq(flag),
-        flag,
-    )
-    .expect("argument 0 is a valid argument index");
-    SeccompRule::new(vec![condition]).expect("a rule with one condition is valid")
-}
-
-/// Compiles the deny-list filter for `arch`.
+/// Compiles the filter for `arch`.
 pub(crate) fn compile(arch: TargetArch, scope: FilterScope) -> Result<BpfProgram, String> {
-    compile_rules(rules(arch, scope), libc::EPERM, arch)
+    let audit = audit_arch(arch).ok_or("no seccomp filter table for this architecture")?;
+    let as_number = |n: i64| u32::try_from(n).map_err(|_| format!("bad system call number {n}"));
+    let mut denied = Vec::new();
+    for (number, condition) in rules(arch, scope) {
+        denied.push(Rule {
+            number: as_number(number)?,
+            condition,
+            errno: libc::EPERM,
+        });
+    }
+    for number in clone3_numbers(arch) {
+        denied.push(Rule {
+            number: as_number(number)?,
+            condition: Condition::Always,
+            errno: libc::ENOSYS,
+        });
+    }
+    bpf::program(audit, &denied)
 }
 
-/// Compiles the filter that answers `clone3` with `ENOSYS`.
-pub(crate) fn compile_clone3(arch: TargetArch) -> Result<BpfProgram, String> {
-    compile_rules(clone3_rules(arch), libc::ENOSYS, arch)
-}
-
-fn compile_rules(
-    rules: BTreeMap<i64, Vec<SeccompRule>>,
-    errno: i32,
-    arch: TargetArch,
-) -> Result<BpfProgram, String> {
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(errno as u32),
-        arch,
-    )
-    .map_err(|e| e.to_string())?;
-    BpfProgram::try_from(filter).map_err(|e| e.to_string())
-}
-
-/// Installs both filters on the calling thread (`no_new_privs` must already be set).
+/// Installs the filter on the calling thread (`no_new_privs` must already be set).
 pub(crate) fn install(scope: FilterScope) -> Result<(), String> {
     let arch = host_arch()
         .ok_or_else(|| format!("no seccomp filter table for {}", std::env::consts::ARCH))?;
-    let deny = compile(arch, scope)?;
-    let clone3 = compile_clone3(arch)?;
-    seccompiler::apply_filter(&deny).map_err(|e| e.to_string())?;
-    seccompiler::apply_filter(&clone3).map_err(|e| e.to_string())
+    let program = compile(arch, scope)?;
+    seccompiler::apply_filter(&program).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
