@@ -161,3 +161,153 @@ async fn an_unprivileged_servers_sandboxed_processes_cannot_read_its_proc_entrie
     let server = WsServer::start_with(command).await;
     attack(&server, &tree, &canary).await;
 }
+
+// ---- where the kernel refuses PID namespaces ------------------------------------------------
+
+/// Environment variable that turns [`no_pid_namespace_wrapper`] into a wrapper: its value
+/// is the server's argv, one argument per line.
+const NO_PID_NAMESPACE_ARGS: &str = "EXEC_SERVER_TEST_NO_PID_NAMESPACE_ARGS";
+
+/// The test binary re-executed as a wrapper that makes `unshare` fail with `EPERM` whenever
+/// it asks for a PID namespace (as some container runtimes do), then execs the server: the
+/// server and every launcher it starts run where PID namespaces cannot be created.
+#[test]
+fn no_pid_namespace_wrapper() {
+    let Some(args) = std::env::var_os(NO_PID_NAMESPACE_ARGS) else {
+        return;
+    };
+    let args: Vec<std::ffi::CString> = args
+        .to_str()
+        .unwrap()
+        .lines()
+        .map(|a| std::ffi::CString::new(a).unwrap())
+        .collect();
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const AND_K: u16 = 0x54;
+    const RET_K: u16 = 0x06;
+    let stmt = |code, k| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code, k, jt, jf| libc::sock_filter { code, jt, jf, k };
+    let newpid = libc::CLONE_NEWPID as u32;
+    let filter = [
+        stmt(LD_W_ABS, 0),
+        jump(JEQ_K, libc::SYS_unshare as u32, 0, 4),
+        stmt(LD_W_ABS, 16),
+        stmt(AND_K, newpid),
+        jump(JEQ_K, newpid, 0, 1),
+        stmt(RET_K, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(RET_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // SAFETY: the filter program outlives the prctl call; argv is a null-terminated array
+    // of C strings that outlives execv. The filter stays with this thread across execv.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &program as *const libc::sock_fprog
+            ),
+            0
+        );
+        libc::execv(argv[0], argv.as_ptr());
+    }
+    panic!("execv failed: {}", std::io::Error::last_os_error());
+}
+
+/// Without a PID namespace the sandboxed process sees the host's `/proc`, but the next
+/// strongest measures still hold: the server's `environ`, memory and root stay unreadable
+/// (Landlock's ptrace scope, every capability dropped), it cannot signal the server, and
+/// its background descendants still die with it.
+#[tokio::test]
+async fn without_pid_namespaces_the_servers_secrets_stay_unreadable() {
+    if !landlock_available() {
+        return;
+    }
+    let tree = Tree::new();
+    let canary = canary();
+    let mut command = tokio::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "escape::proc_secrets::no_pid_namespace_wrapper",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env(
+            NO_PID_NAMESPACE_ARGS,
+            [server_bin().to_str().unwrap(), "--listen", "stdio"].join("\n"),
+        )
+        .env("ESCAPE_CANARY", &canary)
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut client = Client::stdio_after_harness_preamble(command).await;
+    client.handshake().await;
+    let server_pid = client.child().id().unwrap();
+    let marker = format!("7778.{}", unique_digits());
+    let script = format!(
+        "{attack}kill -0 {server_pid} 2>/dev/null && echo 'LEAK signal {server_pid}'\n\
+         setsid sleep {marker} </dev/null >/dev/null 2>&1 &\n\
+         exec sleep 1000",
+        attack = attack_script(&[server_pid], &canary),
+    );
+    let started = client
+        .call(
+            "process/start",
+            json!({"processId": "attack", "argv": ["/bin/sh", "-c", script],
+                   "cwd": tree.path("allowed"), "env": {"PATH": "/usr/bin:/bin"}, "tty": false,
+                   "sandbox": generous_policy(&tree)}),
+        )
+        .await;
+    assert_eq!(started["sandboxType"], "linuxSeccomp");
+    let mut output = String::new();
+    while !output.contains("PIDS ") {
+        let chunk = client.notification("process/output").await;
+        output.push_str(&String::from_utf8_lossy(&b64decode(&chunk["chunk"])));
+    }
+    // What a host /proc still shows: the server is listed (the weaker fallback) …
+    assert!(
+        output.contains(&format!("LEAK visible {server_pid}")),
+        "{output}"
+    );
+    // … but none of its secrets, and it cannot be signalled.
+    for door in ["environ", "mem", "root", "signal"] {
+        assert!(
+            !output.contains(&format!("LEAK {door} {server_pid}")),
+            "{door} readable without a PID namespace:\n{output}"
+        );
+    }
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    while pids_running(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "the daemon never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client
+        .call("process/terminate", json!({"processId": "attack"}))
+        .await;
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    while !pids_running(&marker).is_empty() {
+        if Instant::now() >= deadline {
+            for pid in pids_running(&marker) {
+                // SAFETY: kill has no memory effects; clean up after the failure.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("the daemon outlived process/terminate without a PID namespace");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -119,13 +119,15 @@ pub enum PrivilegedUserNamespace {
 }
 
 /// The attempts for `wanted`, strongest first: PID and mount namespaces matter most
-/// (they hide the server's `/proc`), then the network, then UTS and IPC.
+/// (they hide the server's `/proc`), then the network, then UTS and IPC; without a PID
+/// namespace the others are tried again in the same order.
 pub(crate) fn attempts(wanted: Namespaces) -> Vec<Namespaces> {
     use Namespace::*;
     let candidates = [
         wanted,
         wanted.without(Net),
         wanted.without(Net).without(Uts).without(Ipc),
+        wanted.without(Pid),
         wanted.without(Pid).without(Net),
         wanted.without(Pid).without(Net).without(Uts).without(Ipc),
         Namespaces::NONE,
@@ -256,6 +258,7 @@ mod tests {
                 wanted,
                 Namespaces::of(&[Pid, Mount, Uts, Ipc]),
                 Namespaces::of(&[Pid, Mount]),
+                Namespaces::of(&[Mount, Uts, Ipc, Net]),
                 Namespaces::of(&[Mount, Uts, Ipc]),
                 Namespaces::of(&[Mount]),
                 Namespaces::NONE,
