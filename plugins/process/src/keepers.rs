@@ -71,7 +71,10 @@ pub(crate) struct KeeperRegistry {
 
 #[derive(Debug, Default)]
 struct RegistryState {
-    live: HashMap<libc::pid_t, Arc<LiveKeeper>>,
+    /// Keyed by adoption order, not by pid: a reaped keeper's pid may be reused by the
+    /// next keeper before the reaping task forgets the old one.
+    live: HashMap<u64, Arc<LiveKeeper>>,
+    next_key: u64,
     /// Set when the session ended: keepers adopted afterwards are killed at once.
     ended: bool,
 }
@@ -89,15 +92,18 @@ impl KeeperRegistry {
             pid,
             reaped: Mutex::new(false),
         });
+        let key;
         let ended = {
             let mut state = self.state();
-            state.live.insert(pid, Arc::clone(&live));
+            key = state.next_key;
+            state.next_key += 1;
+            state.live.insert(key, Arc::clone(&live));
             state.ended
         };
         if ended {
             live.kill_tree();
         }
-        tokio::spawn(reap(Arc::clone(self), Arc::clone(&live), pidfd, stack));
+        tokio::spawn(reap(Arc::clone(self), key, Arc::clone(&live), pidfd, stack));
         live
     }
 
@@ -118,6 +124,7 @@ impl KeeperRegistry {
 /// be reaped, its stack is leaked rather than pulled from under a running keeper.
 async fn reap(
     registry: Arc<KeeperRegistry>,
+    key: u64,
     keeper: Arc<LiveKeeper>,
     pidfd: OwnedFd,
     stack: KeeperStack,
@@ -144,7 +151,7 @@ async fn reap(
             tracing::warn!(keeper = keeper.pid, error = %e, "process keeper not reaped");
         }
     }
-    registry.state().live.remove(&keeper.pid);
+    registry.state().live.remove(&key);
 }
 
 async fn reap_when_readable(keeper: &LiveKeeper, pidfd: &AsyncFd<OwnedFd>) -> io::Result<()> {
