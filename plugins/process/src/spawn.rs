@@ -101,9 +101,10 @@ impl Keeper {
 }
 
 impl Spawned {
-    /// Ends a start nobody will own: kills the tree, reaps the keeper. Blocks.
+    /// Ends a start nobody will own: the keeper kills the tree (the target's group first,
+    /// while the target is unreaped and its pid cannot have been reused), then it is reaped.
+    /// Blocks.
     fn abandon(self) {
-        let _ = sys::signal_group(self.pid, libc::SIGKILL);
         self.keeper.kill_tree();
         self.keeper.reap_blocking();
     }
