@@ -1149,3 +1149,50 @@ async fn sandboxed_methods_keep_their_link_and_error_semantics() {
     client.call(method, params).await;
     assert!(std::fs::symlink_metadata(a("link")).is_err() && a("target").exists());
 }
+
+/// The launcher and the PID namespace's init keep every signal blocked: a group signal
+/// reaches the target alone, and its death by that signal is the process's exit code, in
+/// both modes, as for unsandboxed processes (PROTOCOL.md §4.8, §4.11).
+#[tokio::test]
+async fn group_signals_reach_the_sandboxed_target_and_its_status_is_reported() {
+    if !landlock_available() {
+        return;
+    }
+    let tree = Tree::new();
+    let mut client = client().await;
+    let cwd = tree.path("allowed");
+    let policy = default_policy(&tree);
+    for (i, (tty, signal, code)) in [
+        (false, "interrupt", 130),
+        (false, "terminate", 143),
+        (true, "hangup", 129),
+        (false, "kill", 137),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("s{i}");
+        client
+            .call(
+                "process/start",
+                json!({"processId": id, "argv": ["/bin/sh", "-c", "echo ready; exec sleep 1000"],
+                       "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": tty, "sandbox": policy}),
+            )
+            .await;
+        loop {
+            let output = client.notification("process/output").await;
+            assert_eq!(output["processId"], id);
+            if String::from_utf8_lossy(&b64decode(&output["chunk"])).contains("ready") {
+                break;
+            }
+        }
+        client
+            .call("process/signal", json!({"processId": id, "signal": signal}))
+            .await;
+        let exited = client.notification("process/exited").await;
+        assert_eq!(exited["processId"], id);
+        assert_eq!(exited["exitCode"], code, "{signal}");
+        let closed = client.notification("process/closed").await;
+        assert_eq!(closed["processId"], id);
+    }
+}

@@ -36,9 +36,15 @@ pub struct WsProcess {
 impl WsProcess {
     /// `exec-server --listen ws://127.0.0.1:0` with extra args.
     pub async fn exec_server(extra: &[&str]) -> Self {
+        Self::exec_server_with_env(extra, &[]).await
+    }
+
+    /// Like [`WsProcess::exec_server`] with extra environment variables (config overrides).
+    pub async fn exec_server_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(server_binary());
         cmd.args(["--listen", "ws://127.0.0.1:0"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "error");
         Self::start(cmd).await
     }

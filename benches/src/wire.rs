@@ -163,6 +163,23 @@ pub(crate) async fn run_process(
     tty: bool,
 ) -> u64 {
     let params = json!({"processId": process_id, "argv": argv, "cwd": "/", "env": {}, "tty": tty});
+    run_started(conn, process_id, params).await
+}
+
+/// Like [`run_process`] for pipe mode, under `sandbox` (a `process/start` `sandbox` value).
+pub(crate) async fn run_sandboxed_process(
+    conn: &mut impl Rpc,
+    process_id: &str,
+    argv: &[&str],
+    sandbox: &Value,
+) -> u64 {
+    let params = json!({"processId": process_id, "argv": argv, "cwd": "/", "env": {},
+                        "tty": false, "sandbox": sandbox});
+    run_started(conn, process_id, params).await
+}
+
+/// Sends `process/start` with `params` and counts the output until `process/closed`.
+async fn run_started(conn: &mut impl Rpc, process_id: &str, params: Value) -> u64 {
     let start = json!({"id": -2, "method": "process/start", "params": params}).to_string();
     conn.send_text(start).await;
     let mut bytes = 0u64;

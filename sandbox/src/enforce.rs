@@ -1,19 +1,30 @@
-//! Enforcement inside the helpers (SANDBOX.md §5.1–§5.4, §6.2): `no_new_privs`, the seccomp
-//! filter and the Landlock ruleset, applied in that order on the helper's only thread; and
-//! the server's cached capability probe.
+//! Enforcement inside the helpers (SANDBOX.md §5.1–§5.4, §5.8, §6.2): `no_new_privs`, the
+//! seccomp filter, the Landlock ruleset and the capability drop, applied in that order on
+//! the helper's only thread; and the server's cached capability probe.
 //!
 //! * `seccomp` — the deny list per architecture and its installation (§5.3);
-//! * `ruleset` — the Landlock ruleset (§5.4).
+//! * `bpf` — the compact BPF program of a deny list;
+//! * `ruleset` — the Landlock ruleset (§5.4);
+//! * [`namespaces`] — the namespaces the helpers enter before these layers (§5.8);
+//! * [`capabilities`] — the capability drop (§5.8).
 
 use std::sync::OnceLock;
 
 use crate::policy::{Enforcement, Network, SandboxPolicy};
 
 #[cfg(target_os = "linux")]
+pub(crate) mod bpf;
+#[cfg(target_os = "linux")]
+pub mod capabilities;
+#[cfg(target_os = "linux")]
+pub mod namespaces;
+#[cfg(target_os = "linux")]
 pub(crate) mod ruleset;
 #[cfg(target_os = "linux")]
 pub(crate) mod seccomp;
 
+#[cfg(target_os = "linux")]
+pub use namespaces::{Namespace, Namespaces};
 #[cfg(target_os = "linux")]
 pub use ruleset::LandlockState;
 
@@ -43,6 +54,8 @@ pub struct EnforcementReport {
     pub landlock: LandlockState,
     /// The kernel's Landlock ABI (0: unavailable).
     pub landlock_abi: i32,
+    /// The capabilities were dropped (all, or all but the fs helper's file access).
+    pub capabilities_dropped: bool,
     /// What could not be applied, for the best-effort warning.
     pub missing: Vec<String>,
 }
@@ -65,8 +78,10 @@ pub struct Unenforceable {
     pub report: EnforcementReport,
 }
 
-/// Applies §5.1 steps 1–3 to the calling thread. In `require` mode any missing layer is an
-/// error; in `best-effort` mode whatever works is applied and the rest is reported.
+/// Applies §5.1 steps 1–3 and the capability drop of §5.8 to the calling thread. In
+/// `require` mode any missing layer is an error; in `best-effort` mode whatever works is
+/// applied and the rest is reported. `private_uts` says whether the caller entered a UTS
+/// namespace of its own (then renaming the host name is harmless and allowed).
 ///
 /// The caller must be single-threaded: threads that already exist escape both seccomp and
 /// Landlock.
@@ -74,8 +89,9 @@ pub fn apply(
     policy: &SandboxPolicy,
     kind: HelperKind,
     enforcement: Enforcement,
+    private_uts: bool,
 ) -> Result<EnforcementReport, Unenforceable> {
-    let report = apply_layers(policy, kind);
+    let report = apply_layers(policy, kind, private_uts);
     if enforcement == Enforcement::Require && !report.is_complete() {
         return Err(Unenforceable { report });
     }
@@ -83,8 +99,10 @@ pub fn apply(
 }
 
 #[cfg(target_os = "linux")]
-fn apply_layers(policy: &SandboxPolicy, kind: HelperKind) -> EnforcementReport {
+fn apply_layers(policy: &SandboxPolicy, kind: HelperKind, private_uts: bool) -> EnforcementReport {
     let mut missing = Vec::new();
+    // Read while /proc is certainly still visible (Landlock may hide it).
+    let last_cap = capabilities::last_cap();
     let no_new_privs = set_no_new_privs();
     if !no_new_privs {
         missing.push("no_new_privs".to_owned());
@@ -96,6 +114,7 @@ fn apply_layers(policy: &SandboxPolicy, kind: HelperKind) -> EnforcementReport {
         && seccomp::install(seccomp::FilterScope {
             network_restricted,
             landlock_abi,
+            private_uts,
         })
         .map_err(|e| missing.push(format!("seccomp filter ({e})")))
         .is_ok();
@@ -106,22 +125,35 @@ fn apply_layers(policy: &SandboxPolicy, kind: HelperKind) -> EnforcementReport {
     if let Some(reason) = outcome.reason {
         missing.push(format!("Landlock ({reason})"));
     }
+    let keep: &[u32] = match kind {
+        HelperKind::FsHelper => capabilities::FS_HELPER_KEEPS,
+        HelperKind::Launcher => &[],
+    };
+    let capabilities_dropped = capabilities::drop_all_except(keep, last_cap)
+        .map_err(|e| missing.push(format!("capability drop ({e})")))
+        .is_ok();
     EnforcementReport {
         no_new_privs,
         seccomp,
         landlock: outcome.state,
         landlock_abi,
+        capabilities_dropped,
         missing,
     }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn apply_layers(_policy: &SandboxPolicy, _kind: HelperKind) -> EnforcementReport {
+fn apply_layers(
+    _policy: &SandboxPolicy,
+    _kind: HelperKind,
+    _private_uts: bool,
+) -> EnforcementReport {
     EnforcementReport {
         no_new_privs: false,
         seccomp: false,
         landlock: LandlockState::NotEnforced,
         landlock_abi: 0,
+        capabilities_dropped: false,
         missing: vec![format!("every layer (not Linux: {})", std::env::consts::OS)],
     }
 }

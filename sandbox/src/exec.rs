@@ -1,9 +1,15 @@
 //! The sandbox launcher of `process/start` (SANDBOX.md §8): the server's binary re-executed
 //! as `<exe> --exec-server-sandbox-exec --max-request-bytes <n>`, which receives the
-//! launch on a control socket (its stdin), does the child-side set-up, narrows mounts,
-//! confines itself and `execve`s the target, so the target keeps the launcher's pid.
+//! launch on a control socket (its stdin), does the child-side set-up, enters namespaces,
+//! narrows mounts, confines itself and starts the target.
+//!
+//! With a PID namespace the launcher forks the namespace's init, which confines itself and
+//! forks the target; the launcher exits with the target's status (so the server sees the
+//! target's exit as the launcher's), while the init lives on as long as descendants do.
+//! Without one, the launcher confines itself and `execve`s the target directly.
 //!
 //! * this module — the control protocol and the launcher's `main` (§8.2, §8.3);
+//! * `init` — the PID namespace's init and the launcher's wait for it;
 //! * `exchange` — the server's half of the control socket.
 
 use std::collections::BTreeMap;
@@ -19,12 +25,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::ProcessNarrowing;
-use crate::enforce::{self, HelperKind, LandlockState};
+use crate::enforce::namespaces::{self, PrivilegedUserNamespace};
+use crate::enforce::{self, HelperKind, LandlockState, Namespace, Namespaces};
 use crate::fs_helper::DEFAULT_MAX_REQUEST_BYTES;
-use crate::narrow::{self, NarrowingOutcome};
-use crate::policy::{AccessKind, SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH};
+use crate::narrow::{self, MountNamespace, NarrowingOutcome};
+use crate::policy::{AccessKind, Enforcement, Network, SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH};
 
 pub mod exchange;
+mod init;
 
 /// `argv[1]` of the sandbox launcher.
 pub const SANDBOX_EXEC_ARG1: &str = "--exec-server-sandbox-exec";
@@ -46,7 +54,9 @@ pub struct LaunchRequest {
     /// The target's complete environment.
     pub env: BTreeMap<String, String>,
     pub tty: bool,
-    pub server_pid: u32,
+    /// The pid the launcher's parent must have: the process keeper that started it. The
+    /// launcher exits without a word if its parent is already someone else.
+    pub parent_pid: u32,
     pub narrowing: ProcessNarrowing,
     /// The policy's helper JSON (§4.3); `None` for a start without a sandbox.
     pub policy: Option<Value>,
@@ -60,7 +70,8 @@ fn default_glob_depth() -> u32 {
 }
 
 impl LaunchRequest {
-    /// A request for `program` (absolute) under `policy`.
+    /// A request for `program` (absolute) under `policy`; `parent_pid` is set once the
+    /// launcher's parent is known.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         program: &Path,
@@ -76,7 +87,7 @@ impl LaunchRequest {
             argv,
             env,
             tty,
-            server_pid: std::process::id(),
+            parent_pid: 0,
             narrowing,
             policy: policy.map(|(policy, enforcement)| {
                 serde_json::from_str(&policy.to_helper_json(enforcement))
@@ -96,12 +107,60 @@ pub struct LaunchReport {
     pub landlock_abi: i32,
     pub seccomp: bool,
     pub narrowing: NarrowingOutcome,
+    /// The namespaces the target runs in (§5.8), besides the server's.
+    #[serde(default)]
+    pub namespaces: Namespaces,
+    /// Which `/proc` the target sees.
+    #[serde(default)]
+    pub proc: ProcView,
+    /// Every capability was dropped (effective, permitted, inheritable, ambient, bounding).
+    #[serde(default)]
+    pub capabilities_dropped: bool,
+}
+
+/// Which `/proc` a sandboxed process sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProcView {
+    /// A fresh `proc` of its own PID namespace: the server and other sessions' processes
+    /// are not there at all.
+    Private,
+    /// The server's: the processes are listed, but Landlock's ptrace scope keeps their
+    /// `environ`, memory and descriptors unreadable.
+    #[default]
+    Shared,
 }
 
 impl LaunchReport {
     /// `sandboxType` is `linuxSeccomp` exactly when Landlock is in force (§8.5).
     pub fn is_enforced(&self) -> bool {
         self.landlock != LandlockReport::NotEnforced
+    }
+
+    /// What isolation the launcher could not apply (for the server's warning), given
+    /// whether the policy restricts the network.
+    pub fn missing_isolation(&self, network_restricted: bool) -> Vec<String> {
+        let mut wanted = vec![
+            Namespace::Pid,
+            Namespace::Mount,
+            Namespace::Uts,
+            Namespace::Ipc,
+        ];
+        if network_restricted {
+            wanted.push(Namespace::Net);
+        }
+        let mut missing: Vec<String> = wanted
+            .into_iter()
+            .filter(|ns| !self.namespaces.contains(*ns))
+            .map(|ns| format!("{} namespace", ns.name()))
+            .collect();
+        if self.proc == ProcView::Shared {
+            missing.push("private /proc".to_owned());
+        }
+        if !self.capabilities_dropped {
+            missing.push("capability drop".to_owned());
+        }
+        missing
     }
 }
 
@@ -193,39 +252,147 @@ fn launch(control: &OwnedFd, request: &LaunchRequest) -> Result<std::convert::In
         .map_err(|e| Failure::Setup(RpcError::spawn_failed(e.reason())))?;
     let exec = ExecArgs::new(&program, &request.argv, &request.env).map_err(setup)?;
 
-    let report = match &request.policy {
-        None => LaunchReport {
+    let Some(policy_json) = &request.policy else {
+        let report = LaunchReport {
             landlock: LandlockReport::NotEnforced,
             landlock_abi: 0,
             seccomp: false,
             narrowing: NarrowingOutcome::NotNeeded,
-        },
-        Some(policy_json) => {
-            let (policy, enforcement) =
-                SandboxPolicy::from_helper_json(&policy_json.to_string())
-                    .map_err(|e| Failure::Setup(RpcError::process_sandbox_prepare(e)))?;
-            let policy = SandboxPolicy {
-                glob_scan_max_depth: request.glob_scan_max_depth,
-                ..policy
-            };
-            let narrowing = narrow::apply(&policy, request.narrowing, enforcement)
-                .map_err(|_| Failure::Setup(RpcError::sandbox_intent_unenforceable()))?;
-            let applied = enforce::apply(&policy, HelperKind::Launcher, enforcement)
-                .map_err(|_| Failure::Setup(RpcError::sandbox_intent_unenforceable()))?;
-            let report = LaunchReport {
-                landlock: applied.landlock.into(),
-                landlock_abi: applied.landlock_abi,
-                seccomp: applied.seccomp,
-                narrowing,
-            };
-            write_line(control, &LaunchLine::Ok(report)).map_err(|_| Failure::Silent)?;
-            let error = exec.exec();
-            return Err(Failure::Exec(exec_error(&error, &program, Some(&policy))));
-        }
+            namespaces: Namespaces::NONE,
+            proc: ProcView::Shared,
+            capabilities_dropped: false,
+        };
+        write_line(control, &LaunchLine::Ok(report)).map_err(|_| Failure::Silent)?;
+        reset_signal_dispositions();
+        let error = exec.exec();
+        return Err(Failure::Exec(exec_error(&error, &program, None)));
     };
+    let (policy, enforcement) = SandboxPolicy::from_helper_json(&policy_json.to_string())
+        .map_err(|e| Failure::Setup(RpcError::process_sandbox_prepare(e)))?;
+    let policy = SandboxPolicy {
+        glob_scan_max_depth: request.glob_scan_max_depth,
+        ..policy
+    };
+    let mut wanted = Namespaces::of(&[
+        Namespace::Pid,
+        Namespace::Mount,
+        Namespace::Uts,
+        Namespace::Ipc,
+    ]);
+    if policy.network == Network::Restricted {
+        wanted = wanted.with(Namespace::Net);
+    }
+    // Group signals (`process/signal`) must reach the target, not the launcher or the
+    // init: both keep every signal blocked; the target unblocks before `execve`.
+    if wanted.contains(Namespace::Pid) {
+        block_all_signals();
+    }
+    let namespaces = namespaces::enter(wanted, PrivilegedUserNamespace::Allowed).map_err(setup)?;
+    if namespaces.contains(Namespace::Mount) {
+        narrow::make_root_private().map_err(setup)?;
+    }
+    let confinement = Confinement {
+        policy: &policy,
+        enforcement,
+        request,
+        namespaces,
+    };
+    if namespaces.contains(Namespace::Pid) {
+        init::run(control, &confinement, &exec, &program)
+    }
+    unblock_all_signals();
+    let report = confinement.apply(ProcView::Shared)?;
     write_line(control, &LaunchLine::Ok(report)).map_err(|_| Failure::Silent)?;
+    reset_signal_dispositions();
     let error = exec.exec();
-    Err(Failure::Exec(exec_error(&error, &program, None)))
+    Err(Failure::Exec(exec_error(&error, &program, Some(&policy))))
+}
+
+/// What the launcher (or the init) applies before the target starts.
+struct Confinement<'a> {
+    policy: &'a SandboxPolicy,
+    enforcement: Enforcement,
+    request: &'a LaunchRequest,
+    /// What [`namespaces::enter`] entered.
+    namespaces: Namespaces,
+}
+
+impl Confinement<'_> {
+    /// Mount narrowing (§8.4), then no_new_privs, seccomp, Landlock and the capability drop.
+    fn apply(&self, proc: ProcView) -> Result<LaunchReport, Failure> {
+        let unenforceable = || Failure::Setup(RpcError::sandbox_intent_unenforceable());
+        let mount_namespace = if self.namespaces.contains(Namespace::Mount) {
+            MountNamespace::OwnAndPrivate
+        } else {
+            MountNamespace::Shared
+        };
+        let narrowing = narrow::apply(
+            self.policy,
+            self.request.narrowing,
+            self.enforcement,
+            mount_namespace,
+        )
+        .map_err(|_| unenforceable())?;
+        let applied = enforce::apply(
+            self.policy,
+            HelperKind::Launcher,
+            self.enforcement,
+            self.namespaces.contains(Namespace::Uts),
+        )
+        .map_err(|_| unenforceable())?;
+        Ok(LaunchReport {
+            landlock: applied.landlock.into(),
+            landlock_abi: applied.landlock_abi,
+            seccomp: applied.seccomp,
+            narrowing,
+            namespaces: self.namespaces,
+            proc,
+            capabilities_dropped: applied.capabilities_dropped,
+        })
+    }
+}
+
+fn signal_mask(how: libc::c_int, fill: bool) {
+    // SAFETY: sigset_t is plain data that sigfillset/sigemptyset initialise; only this
+    // (single-threaded) process's mask changes.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        if fill {
+            libc::sigfillset(&mut set);
+        } else {
+            libc::sigemptyset(&mut set);
+        }
+        libc::sigprocmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+fn block_all_signals() {
+    signal_mask(libc::SIG_SETMASK, true);
+}
+
+fn unblock_all_signals() {
+    signal_mask(libc::SIG_SETMASK, false);
+}
+
+/// Every signal back to its default action: `execve` keeps ignored signals ignored, and
+/// the Rust runtime of the launcher ignores SIGPIPE. The raw call also reaches the signals
+/// glibc reserves for itself (an all-zero kernel `sigaction` is SIG_DFL without flags).
+fn reset_signal_dispositions() {
+    let default = [0u64; 4];
+    for signal in 1..=64 {
+        if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+            // SAFETY: the kernel reads one kernel `sigaction`; no old action is returned.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    signal,
+                    default.as_ptr(),
+                    std::ptr::null_mut::<libc::c_void>(),
+                    8usize,
+                );
+            }
+        }
+    }
 }
 
 /// §8.2: `failed to spawn process: <os error>`, flagged as a sandbox denial when the
@@ -347,7 +514,7 @@ fn child_setup(request: &LaunchRequest) -> Result<(), SetupError> {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) < 0 {
             return Err(os(()));
         }
-        if libc::getppid() as u32 != request.server_pid {
+        if libc::getppid() as u32 != request.parent_pid {
             return Err(SetupError::ParentGone);
         }
         const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
@@ -383,7 +550,8 @@ impl ExecArgs {
         })
     }
 
-    /// Replaces the process; returns only the error.
+    /// Replaces the process; returns only the error. Signals must be unblocked and at
+    /// their defaults by then.
     fn exec(&self) -> io::Error {
         let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
             strings

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::enforce::{self, HelperKind};
+use crate::enforce::namespaces::{self, PrivilegedUserNamespace};
+use crate::enforce::{self, HelperKind, Namespace, Namespaces};
 use crate::policy::SandboxPolicy;
 
 mod checks;
@@ -160,7 +161,16 @@ pub fn main(args: &[OsString], executor: FsExecutor) -> i32 {
         Ok(parsed) => parsed,
         Err(e) => return usage_error(&format!("invalid --policy: {e}")),
     };
-    if enforce::apply(&policy, HelperKind::FsHelper, enforcement).is_err() {
+    let confined = enter_namespaces().and_then(|namespaces| {
+        enforce::apply(
+            &policy,
+            HelperKind::FsHelper,
+            enforcement,
+            namespaces.contains(Namespace::Uts),
+        )
+        .map_err(|_| ())
+    });
+    if confined.is_err() {
         return respond(HelperResponse::Error(
             RpcError::fs_sandbox_unenforceable().into(),
         ));
@@ -170,6 +180,20 @@ pub fn main(args: &[OsString], executor: FsExecutor) -> i32 {
         Err(e) => return runtime_error(&e),
     };
     respond(run_request(request, &policy, executor))
+}
+
+/// UTS and IPC namespaces of its own (and a user namespace when unprivileged), so that a
+/// root helper cannot rename the host or reach the host's System V IPC objects. Mount and
+/// network namespaces are left out: the helper mounts nothing and seccomp already closes
+/// the network, and creating them would cost more than the helper's work. Failing to get
+/// them is not fatal (the capability drop covers the same ground); only a user namespace
+/// whose ids could not be mapped is.
+fn enter_namespaces() -> Result<Namespaces, ()> {
+    namespaces::enter(
+        Namespaces::of(&[Namespace::Uts, Namespace::Ipc]),
+        PrivilegedUserNamespace::Refused,
+    )
+    .map_err(|_| ())
 }
 
 /// Steps 5–7 for a decoded request.

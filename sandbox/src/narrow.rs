@@ -4,6 +4,8 @@
 //!
 //! Read-only carve-outs become read-only bind mounts (writes fail with `EROFS`); denied
 //! directories are covered by an empty read-only `tmpfs`, denied files by `/dev/null`.
+//! The launcher's other mounts live here too: private propagation for its own mount
+//! namespace, and the fresh `/proc` of its PID namespace.
 
 use std::ffi::CString;
 use std::io;
@@ -134,12 +136,22 @@ fn expand_glob(
     Ok(matches)
 }
 
+/// Whether the caller already has a mount namespace of its own, with `/` recursively
+/// private (the launcher enters one together with its other namespaces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountNamespace {
+    OwnAndPrivate,
+    /// Still the server's: narrowing enters one first.
+    Shared,
+}
+
 /// Applies narrowing for `policy` (§8.3 step 3). In `best-effort` mode an impossible
 /// namespace is reported as skipped.
 pub fn apply(
     policy: &SandboxPolicy,
     mode: ProcessNarrowing,
     enforcement: Enforcement,
+    namespace: MountNamespace,
 ) -> Result<NarrowingOutcome, NarrowingFailed> {
     if mode == ProcessNarrowing::Skip {
         return Ok(NarrowingOutcome::Skipped);
@@ -155,22 +167,18 @@ pub fn apply(
     if plan.is_empty() {
         return Ok(NarrowingOutcome::NotNeeded);
     }
-    match mount_plan(&plan) {
+    match mount_plan(&plan, namespace) {
         Ok(()) => Ok(NarrowingOutcome::Applied),
         Err(_) if enforcement == Enforcement::BestEffort => Ok(NarrowingOutcome::Skipped),
         Err(e) => Err(NarrowingFailed(e.to_string())),
     }
 }
 
-fn mount_plan(plan: &Plan) -> io::Result<()> {
-    enter_namespace()?;
-    mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )?;
+fn mount_plan(plan: &Plan, namespace: MountNamespace) -> io::Result<()> {
+    if namespace == MountNamespace::Shared {
+        enter_namespace()?;
+        make_root_private()?;
+    }
     for path in &plan.read_only {
         bind(path, path)?;
         remount(path, true)?;
@@ -215,6 +223,30 @@ fn enter_namespace() -> io::Result<()> {
     std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
     Ok(())
+}
+
+/// Makes every mount below `/` private, so that what this namespace mounts never
+/// propagates to the server's.
+pub fn make_root_private() -> io::Result<()> {
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+}
+
+/// Mounts a fresh `proc` on `/proc` (no set-user-ID, devices or execution), showing the
+/// caller's PID namespace instead of the server's.
+pub fn mount_fresh_proc() -> io::Result<()> {
+    mount(
+        Some(Path::new("proc")),
+        Path::new("/proc"),
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
 }
 
 fn bind(source: &Path, target: &Path) -> io::Result<()> {

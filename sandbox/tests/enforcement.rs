@@ -59,7 +59,7 @@ fn probe(policy: &str, t: &Path) {
         "Threads",
     );
     let (policy, _) = SandboxPolicy::from_helper_json(policy).unwrap();
-    enforce::apply(&policy, HelperKind::FsHelper, Enforcement::Require).expect("enforced");
+    enforce::apply(&policy, HelperKind::FsHelper, Enforcement::Require, false).expect("enforced");
     let mut results = serde_json::Map::new();
     let mut record = |name: &str, value: Value| {
         results.insert(name.to_owned(), value);
@@ -158,9 +158,101 @@ fn probe(policy: &str, t: &Path) {
             "kill_parent",
             json!(errno_of(libc::kill(libc::getppid(), 0) as i64)),
         );
+        // Group C and the host name (no private UTS namespace here).
+        let name = std::fs::read("/proc/sys/kernel/hostname").unwrap();
+        let name = name.trim_ascii_end();
+        let containment: [(&str, i64); 13] = [
+            ("keyctl", libc::syscall(libc::SYS_keyctl, 0, -3i32, 0)),
+            (
+                "mount",
+                libc::syscall(
+                    libc::SYS_mount,
+                    0usize,
+                    c"/".as_ptr(),
+                    0usize,
+                    0usize,
+                    0usize,
+                ),
+            ),
+            (
+                "unshare",
+                libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUTS),
+            ),
+            ("setns", libc::syscall(libc::SYS_setns, 0, 0)),
+            ("syslog", libc::syscall(libc::SYS_syslog, 10, 0usize, 0)),
+            ("acct", libc::syscall(libc::SYS_acct, 0usize)),
+            ("userfaultfd", libc::syscall(libc::SYS_userfaultfd, 0)),
+            ("pidfd_getfd", libc::syscall(libc::SYS_pidfd_getfd, 0, 0, 0)),
+            ("kcmp", libc::syscall(libc::SYS_kcmp, 0, 0, 0, 0, 0)),
+            (
+                "fanotify_init",
+                libc::syscall(libc::SYS_fanotify_init, 0, 0),
+            ),
+            (
+                "clock_settime",
+                libc::syscall(libc::SYS_clock_settime, libc::CLOCK_REALTIME, 0usize),
+            ),
+            (
+                "name_to_handle_at",
+                libc::syscall(libc::SYS_name_to_handle_at, 0, 0usize, 0usize, 0usize, 0),
+            ),
+            (
+                "sethostname",
+                libc::syscall(libc::SYS_sethostname, name.as_ptr(), name.len()),
+            ),
+        ];
+        for (name, rc) in containment {
+            record(name, json!(errno_of(rc)));
+        }
+        // x32 numbers of denied calls (their own program): refused before the kernel even
+        // looks at whether it runs x32 code.
+        #[cfg(target_arch = "x86_64")]
+        {
+            const X32: libc::c_long = 0x4000_0000;
+            record(
+                "x32_keyctl",
+                json!(errno_of(libc::syscall(X32 | libc::SYS_keyctl, 0, -3i32, 0))),
+            );
+            record(
+                "x32_ptrace",
+                json!(errno_of(libc::syscall(X32 | 521, 0, 0, 0, 0))),
+            );
+        }
+        // clone with CLONE_NEWUSER is refused; a child that slipped through exits at once.
+        let rc = libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        );
+        if rc == 0 {
+            libc::_exit(0);
+        }
+        record("clone_newuser", json!(errno_of(rc)));
+        let rc = libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize);
+        if rc == 0 {
+            libc::_exit(0);
+        }
+        record("clone3", json!(errno_of(rc)));
+        // A plain fork still works (glibc's fork uses clone).
+        let child = libc::fork();
+        if child == 0 {
+            libc::_exit(0);
+        }
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+        record("fork", json!(errno_of(child as i64)));
+        // The parent's secrets under /proc: Landlock's ptrace scope.
+        let environ = format!("/proc/{}/environ\0", libc::getppid());
+        let fd = libc::open(environ.as_ptr().cast(), libc::O_RDONLY);
+        record("parent_environ", json!(errno_of(fd as i64)));
     }
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     record("no_new_privs", json!(status_field(&status, "NoNewPrivs")));
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        record(set, json!(status_field(&status, set)));
+    }
     record("seccomp", json!(status_field(&status, "Seccomp")));
     record("threads", json!(threads_before));
     println!("{}", Value::Object(results));
@@ -231,5 +323,46 @@ fn check_probes() {
     // L10: signal scope (ABI ≥ 6).
     if enforce::landlock_abi() >= 6 {
         expect("kill_parent", &[libc::EPERM]);
+    }
+    // Group C, host names, clone flags.
+    for name in [
+        "keyctl",
+        "mount",
+        "unshare",
+        "setns",
+        "syslog",
+        "acct",
+        "userfaultfd",
+        "pidfd_getfd",
+        "kcmp",
+        "fanotify_init",
+        "clock_settime",
+        "name_to_handle_at",
+        "sethostname",
+        "clone_newuser",
+    ] {
+        expect(name, &[libc::EPERM]);
+    }
+    expect("clone3", &[libc::ENOSYS]);
+    #[cfg(target_arch = "x86_64")]
+    for name in ["x32_keyctl", "x32_ptrace"] {
+        expect(name, &[libc::EPERM]);
+    }
+    expect("fork", &[0]);
+    expect("parent_environ", &[libc::EACCES, libc::EPERM]);
+    // The fs helper keeps only file access: DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER (as far
+    // as it had them).
+    // SAFETY: geteuid has no preconditions.
+    let kept = if unsafe { libc::geteuid() } == 0 {
+        "000000000000000e"
+    } else {
+        "0000000000000000"
+    };
+    assert_eq!(results["CapEff"], kept, "{results}");
+    assert_eq!(results["CapPrm"], kept, "{results}");
+    assert_eq!(results["CapInh"], "0000000000000000", "{results}");
+    assert_eq!(results["CapAmb"], "0000000000000000", "{results}");
+    if kept != "0000000000000000" {
+        assert_eq!(results["CapBnd"], kept, "{results}");
     }
 }

@@ -34,6 +34,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("spawn") {
         rows.push(process::spawn(budget).await);
     }
+    if wanted("sandbox_spawn") {
+        rows.push(process::sandbox_spawn(budget).await);
+    }
     let mut pipe_out_rate = 0.0;
     if wanted("pipe_out") || relay {
         let row = process::pipe_out().await;

@@ -79,6 +79,51 @@ pub async fn spawn(budget: Budget) -> Row {
     }
 }
 
+/// A sandboxed `process/start` of `/bin/true` (launcher, namespaces, Landlock, seccomp)
+/// against the unsandboxed start, same server, interleaved. The exit-output grace of
+/// sandboxed processes is set to 0 so that the row measures the confinement, not the wait.
+pub async fn sandbox_spawn(budget: Budget) -> Row {
+    let dir = std::env::temp_dir().join(format!("exec-server-bench-spawn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let sandbox = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+        {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+        {"path": {"type": "path", "path": format!("file://{}", dir.display())}, "access": "write"}
+    ]}, "network": "restricted"}});
+    let server =
+        WsProcess::exec_server_with_env(&[], &[("EXEC_SERVER_SANDBOX__EXIT_OUTPUT_GRACE_MS", "0")])
+            .await;
+    let mut ws = wire::ws_connect(&server.url).await;
+    wire::handshake(&mut ws).await;
+    let runs = budget.round_trips / 20;
+    let mut plain = Vec::with_capacity(runs);
+    let mut sandboxed = Vec::with_capacity(runs);
+    // The first round warms both paths up.
+    for i in 0..=runs {
+        let started = Instant::now();
+        wire::run_process(&mut ws, &format!("p{i}"), &["/bin/true"], false).await;
+        let plain_time = started.elapsed();
+        let started = Instant::now();
+        wire::run_sandboxed_process(&mut ws, &format!("s{i}"), &["/bin/true"], &sandbox).await;
+        if i > 0 {
+            plain.push(plain_time);
+            sandboxed.push(started.elapsed());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let (median, p99) = median_p99(&mut sandboxed);
+    let (floor, _) = median_p99(&mut plain);
+    Row {
+        key: "sandbox_spawn",
+        what: "sandboxed process/start of /bin/true until closed vs unsandboxed",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor),
+        target: "(reported)",
+        met: true,
+    }
+}
+
 /// Reads `reader` to its end (a terminal master ends with EIO) and returns the byte count.
 fn drain(mut reader: impl Read) -> u64 {
     let mut buf = vec![0u8; 256 * 1024];

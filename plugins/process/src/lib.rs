@@ -8,15 +8,21 @@
 //! * `managed` — one process as the methods see it: events, stdin writer, group, terminal.
 //! * `retention` — the `seq` counter, retained chunks and the read snapshot algorithm.
 //! * `pump` — the per-process task that collects output and exit and sends notifications.
-//! * `spawn` — the spawner thread that creates children with `clone(CLONE_VM|CLONE_VFORK)`.
+//! * `spawn` — the spawner thread that creates a keeper per process with `clone(CLONE_VM)`.
+//! * `keeper` — the keeper: creates the target, reports its exit, kills its whole tree.
+//! * `keepers` — the session's live keepers: killed with the session, reaped when they exit.
+//! * `raw` — raw system calls for code that runs in the server's memory outside its threads.
 //! * `environment` — the child's environment (`env`, `envPolicy`, scrub) and program lookup.
 //! * `terminal` — pseudo-terminal pairs.
 //! * `sys` — thin wrappers over the system calls used on the server side.
 
 pub mod config;
 mod environment;
+mod keeper;
+mod keepers;
 mod managed;
 mod pump;
+mod raw;
 mod read;
 mod resize;
 mod retention;

@@ -11,6 +11,7 @@ use exec_server_core::proto::RpcError;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
+use crate::keepers::LiveKeeper;
 use crate::retention::{EventLog, RetentionLimits, Snapshot};
 use crate::sys;
 
@@ -29,6 +30,8 @@ pub(crate) struct ManagedProcess {
     pub id: String,
     /// The child's pid, which is also its process group id (it leads its own session).
     pub pid: libc::pid_t,
+    /// The keeper of the child and all its descendants.
+    keeper: Arc<LiveKeeper>,
     pub stdin_mode: StdinMode,
     /// The terminal's master side (terminal mode), for resizing.
     terminal: Option<Arc<AsyncFd<OwnedFd>>>,
@@ -50,6 +53,7 @@ impl ManagedProcess {
     pub fn new(
         id: String,
         pid: libc::pid_t,
+        keeper: Arc<LiveKeeper>,
         stdin_mode: StdinMode,
         stdin: Option<Arc<AsyncFd<OwnedFd>>>,
         retention: RetentionLimits,
@@ -62,6 +66,7 @@ impl ManagedProcess {
         Self {
             id,
             pid,
+            keeper,
             stdin_mode,
             terminal,
             writer: tokio::sync::Mutex::new(StdinWriter {
@@ -125,6 +130,16 @@ impl ManagedProcess {
         if let Err(e) = self.signal_group(libc::SIGKILL) {
             tracing::warn!(process = %self.id, error = %e, "failed to kill process group");
         }
+    }
+
+    /// Kills every descendant of the process, wherever it runs: SIGKILL to the group while
+    /// it may still have members (before the close), and the keeper's whole-tree kill, which
+    /// also reaches descendants that left the group or outlived the close.
+    pub fn kill_tree(&self) {
+        if !self.is_closed() {
+            self.kill_group();
+        }
+        self.keeper.kill_tree();
     }
 
     pub fn resize(&self, size: TerminalSize) -> io::Result<()> {

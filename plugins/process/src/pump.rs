@@ -26,6 +26,7 @@ use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use crate::keeper::{exit_code, Report, RECORD_BYTES};
 use crate::managed::ManagedProcess;
 use crate::sys;
 use crate::table::ProcessTable;
@@ -67,7 +68,9 @@ pub(crate) struct Pump {
     pub primary: Option<OutputSource>,
     /// stderr in pipe mode.
     pub secondary: Option<OutputSource>,
-    pub pidfd: AsyncFd<OwnedFd>,
+    /// The keeper's status pipe (non-blocking), after the `started` record; closed once the
+    /// exit is recorded, so that a retained process holds no descriptor for it.
+    pub status: Option<AsyncFd<OwnedFd>>,
     /// Notifications wait for the `process/start` response (§2.9 rule 4); `None` once it
     /// has been queued.
     pub response_queued: Option<ResponseQueued>,
@@ -132,10 +135,7 @@ impl Pump {
         };
         drop(running);
         if !closed {
-            // The session's end killed the process group; only the reaping is left.
-            self.primary = None;
-            self.secondary = None;
-            reap(&self.pidfd).await;
+            // The session's end killed the tree; the session's keeper registry reaps.
             return;
         }
         drop(self.primary.take());
@@ -169,24 +169,24 @@ impl Pump {
                         self.secondary = None;
                     }
                 }
-                ready = self.pidfd.readable(), if !exited => {
+                ready = status_readable(&self.status), if !exited => {
                     drop(ready);
                     exited = self.on_exit_ready().await;
+                    if exited {
+                        self.status = None;
+                    }
                 }
             }
         }
     }
 
-    /// The pidfd is readable: drain what the child left in its streams, then collect and
-    /// record the exit. Returns whether the exit was recorded.
+    /// The status pipe is readable: drain what the child left in its streams, then collect
+    /// and record the exit. Returns whether the exit was recorded.
     async fn on_exit_ready(&mut self) -> bool {
-        let code = match self
-            .pidfd
-            .try_io(Interest::READABLE, |fd| match sys::try_wait(fd) {
-                Ok(Some(code)) => Ok(code),
-                Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
-                Err(e) => Err(e),
-            }) {
+        let Some(status) = &self.status else {
+            return false;
+        };
+        let code = match status.try_io(Interest::READABLE, read_exit) {
             Ok(code) => code,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
             Err(e) => {
@@ -298,6 +298,13 @@ impl Pump {
     }
 }
 
+async fn status_readable(status: &Option<AsyncFd<OwnedFd>>) -> io::Result<()> {
+    match status {
+        Some(status) => status.readable().await.map(drop),
+        None => std::future::pending().await,
+    }
+}
+
 async fn readable(source: &Option<OutputSource>) -> io::Result<()> {
     match source {
         Some(source) => source.fd.readable().await.map(drop),
@@ -305,17 +312,39 @@ async fn readable(source: &Option<OutputSource>) -> io::Result<()> {
     }
 }
 
-/// Waits for the process behind `pidfd` to exit and reaps it.
-pub(crate) async fn reap(pidfd: &AsyncFd<OwnedFd>) {
+/// Reads the target's exit from the keeper's (non-blocking) status pipe: its exit code per
+/// PROTOCOL §4.11, `WouldBlock` while it runs, or an error when the keeper ended without
+/// reporting it.
+pub(crate) fn read_exit(status: &OwnedFd) -> io::Result<i32> {
     loop {
-        let Ok(mut ready) = pidfd.readable().await else {
-            return;
+        let mut record = [MaybeUninit::uninit(); RECORD_BYTES];
+        let n = sys::read(status.as_raw_fd(), &mut record)?;
+        if n == 0 {
+            return Err(io::Error::other(
+                "the process keeper ended without reporting the exit",
+            ));
+        }
+        if n != RECORD_BYTES {
+            return Err(io::Error::other("truncated record from the process keeper"));
+        }
+        // SAFETY: read(2) initialised all RECORD_BYTES bytes.
+        let record = record.map(|b| unsafe { b.assume_init() });
+        if let Some(Report::Exited(wait_status)) = Report::decode(record) {
+            return Ok(exit_code(wait_status));
+        }
+    }
+}
+
+/// Waits for the target's exit on the keeper's status pipe: its exit code, or -1 when the
+/// keeper ended without reporting it.
+pub(crate) async fn wait_exit(status: &AsyncFd<OwnedFd>) -> i32 {
+    loop {
+        let Ok(mut ready) = status.readable().await else {
+            return -1;
         };
-        match ready.try_io(|fd| match sys::try_wait(fd.get_ref()) {
-            Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
-            other => other,
-        }) {
-            Ok(_) => return,
+        match ready.try_io(|fd| read_exit(fd.get_ref())) {
+            Ok(Ok(code)) => return code,
+            Ok(Err(_)) => return -1,
             Err(_would_block) => continue,
         }
     }

@@ -1,49 +1,44 @@
-//! Creating managed children: `clone(CLONE_VM | CLONE_VFORK)` from one long-lived spawner
-//! thread, with no `fork()` and no `pre_exec` hook.
+//! Creating managed children without `fork()` and without `pre_exec` hooks: one long-lived
+//! spawner thread creates, per process, a [keeper](crate::keeper) that creates the target.
 //!
 //! Why this shape:
 //!
 //! * **No fork.** `fork()` copies the page tables of the whole server (about 100 ms for a
-//!   large parent) and runs arbitrary code in a copy of a multi-threaded process. Like
-//!   glibc's `posix_spawn`, we `clone` with `CLONE_VM | CLONE_VFORK`: the child borrows the
-//!   parent's memory and a small private stack, the parent thread is suspended until the
-//!   child has called `execve` or exited, and the cost does not grow with the parent's size.
+//!   large parent) and runs arbitrary code in a copy of a multi-threaded process. Instead we
+//!   `clone` with `CLONE_VM`: the keeper borrows the server's memory and a small private
+//!   stack, and creates the target with `CLONE_VM | CLONE_VFORK` like glibc's
+//!   `posix_spawn`, so the cost does not grow with the server's size. Re-executing our own
+//!   binary per process would cost more than the spawn itself.
 //! * **Child-side set-up without hooks.** `posix_spawn` cannot make a child a session leader
-//!   with a controlling terminal, nor set a parent-death signal. So the child function here
-//!   does exactly that work and nothing else, using only async-signal-safe system calls on
-//!   data prepared by the parent before `clone` (argv/envp arrays, candidate program paths,
-//!   the working directory, descriptors): reset every signal disposition to `SIG_DFL` and
-//!   clear the mask, `setsid()`, `TIOCSCTTY` on the terminal, `dup2` the stdio descriptors,
-//!   `PR_SET_PDEATHSIG(SIGKILL)` (then re-check the parent, which may already have died),
-//!   `chdir`, and `execve` over each candidate path. A failure stores `errno` in memory the
-//!   parent reads after `clone` returns and exits with 127.
+//!   with a controlling terminal, nor set a parent-death signal. The target's code does
+//!   exactly that work and nothing else, with raw system calls on data prepared here before
+//!   `clone` (argv/envp arrays, candidate program paths, the working directory, descriptors).
+//! * **Containment.** The keeper is a subreaper that outlives the target while descendants
+//!   live, kills the whole tree on request ([`KILL_TREE`]) or when the server dies, and
+//!   reports the target's start and exit on a status pipe.
 //! * **One spawner thread.** The kernel delivers the parent-death signal when the *thread*
-//!   that created the child ends, not the process. Children are therefore created by one
+//!   that created the child ends, not the process. Keepers are therefore created by one
 //!   thread that lives as long as the server (it is never joined and its queue is never
 //!   closed), so the signal fires exactly when the server dies. Requests reach it over a
 //!   channel; each spawn takes microseconds, so serialising them costs nothing measurable.
-//! * **pidfds.** `CLONE_PIDFD` returns a descriptor for the child that the caller waits on
-//!   with `waitid(P_PIDFD)` (from a tokio `AsyncFd`), so only children the plugin owns are
-//!   ever reaped and pid reuse cannot misdirect a wait. This needs Linux 5.4 or later.
+//! * **pidfds.** `CLONE_PIDFD` returns a descriptor for the keeper, which the server uses to
+//!   signal it and to reap it (`waitid(P_PIDFD)`), so pid reuse cannot misdirect either.
+//!   This needs Linux 5.4 or later.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{mpsc, OnceLock};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{mpsc, Mutex, OnceLock};
 
 use tokio::sync::oneshot;
 
+use crate::keeper::{keeper_main, KeeperArgs, Report, KILL_TREE, RECORD_BYTES};
 use crate::sys;
 
-/// Size of the child's stack: the child function only makes system calls.
-const CHILD_STACK_BYTES: usize = 256 * 1024;
-/// Signals are numbered 1..=64 on Linux.
-const LAST_SIGNAL: libc::c_int = 64;
-/// `sizeof(sigset_t)` as the kernel sees it (64 signals).
-const KERNEL_SIGSET_BYTES: libc::size_t = 8;
-/// Exit status of a child whose set-up or `execve` failed (as a shell's "not found").
-const SPAWN_FAILED_STATUS: libc::c_int = 127;
+/// The target's stack: it only makes system calls before `execve`.
+const TARGET_STACK_BYTES: usize = 32 * 1024;
+/// The keeper's stack: system calls, plus fixed buffers while it kills its tree.
+const KEEPER_STACK_BYTES: usize = 64 * 1024;
 
 /// Everything the child needs, prepared by the parent; the child only reads it.
 #[derive(Debug)]
@@ -71,11 +66,48 @@ pub(crate) enum ChildStdio {
     Terminal { slave: OwnedFd },
 }
 
-/// A created child.
+/// A started target and its keeper.
 #[derive(Debug)]
 pub(crate) struct Spawned {
+    /// The target's pid, which is also its process group id.
+    pub pid: libc::pid_t,
+    pub keeper: Keeper,
+    /// The read end of the keeper's status pipe, after the `started` record: the next
+    /// record is the target's exit; end-of-file means the keeper died without reporting.
+    pub status: OwnedFd,
+}
+
+/// A keeper process: the server's child, to be reaped before its stack may be unmapped.
+#[derive(Debug)]
+pub(crate) struct Keeper {
     pub pid: libc::pid_t,
     pub pidfd: OwnedFd,
+    pub stack: KeeperStack,
+}
+
+impl Keeper {
+    /// Sends [`KILL_TREE`]: the keeper kills its whole tree, reaps it and exits.
+    pub(crate) fn kill_tree(&self) {
+        let _ = sys::pidfd_signal(&self.pidfd, KILL_TREE);
+    }
+
+    /// Waits for the keeper to exit, reaps it and frees its stack. Blocks.
+    fn reap_blocking(self) {
+        if sys::wait_blocking(&self.pidfd).is_ok() {
+            // SAFETY: the keeper has been reaped; nothing runs on its stack any more.
+            unsafe { self.stack.release() };
+        }
+    }
+}
+
+impl Spawned {
+    /// Ends a start nobody will own: the keeper kills the tree (the target's group first,
+    /// while the target is unreaped and its pid cannot have been reused), then it is reaped.
+    /// Blocks.
+    fn abandon(self) {
+        self.keeper.kill_tree();
+        self.keeper.reap_blocking();
+    }
 }
 
 struct Job {
@@ -105,8 +137,8 @@ impl Spawner {
             .map_err(|e| io::Error::other(e.clone()))
     }
 
-    /// Creates the child described by `command`. If the caller stops waiting, the spawner
-    /// kills and reaps the child itself.
+    /// Creates the keeper and target described by `command`. If the caller stops waiting,
+    /// the spawner kills the tree and reaps the keeper itself.
     pub(crate) async fn spawn(&self, command: Command) -> io::Result<Spawned> {
         let (reply, answer) = oneshot::channel();
         self.jobs
@@ -119,40 +151,74 @@ impl Spawner {
 }
 
 fn spawner_main(jobs: mpsc::Receiver<Job>) {
-    let stack = ChildStack::new();
     // SAFETY: getpid has no preconditions.
     let server_pid = unsafe { libc::getpid() };
     while let Ok(Job { command, reply }) = jobs.recv() {
-        let result = match &stack {
-            Ok(stack) => spawn_child(stack, server_pid, &command),
-            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-        };
+        let result = spawn_child(server_pid, &command);
         // Closes the child's ends of its pipes and terminal in the server.
         drop(command);
         if let Err(Ok(orphan)) = reply.send(result) {
-            // Nobody will own this child: end it and reap it here.
-            let _ = sys::signal_group(orphan.pid, libc::SIGKILL);
-            let _ = sys::wait_blocking(&orphan.pidfd);
+            orphan.abandon();
         }
     }
 }
 
-/// The child's stack: one mapping, reused for every spawn (the parent is suspended while the
-/// child runs on it), with a guard page at its low end.
-struct ChildStack {
+/// One mapping holding both stacks, each with a guard page at its low end:
+/// `[guard][target stack][guard][keeper stack]`. It lives until the keeper is reaped.
+#[derive(Debug)]
+pub(crate) struct KeeperStack {
     base: *mut libc::c_void,
     len: usize,
 }
 
-impl ChildStack {
+// SAFETY: the mapping is plain memory; the handle only carries its address to whoever reaps
+// the keeper and then unmaps it.
+unsafe impl Send for KeeperStack {}
+// SAFETY: the handle itself is never used to access the memory.
+unsafe impl Sync for KeeperStack {}
+
+/// Stacks of reaped keepers, ready for the next spawns: mapping a fresh one and faulting
+/// its pages in costs more than a spawn's own set-up. Bounded, so a burst of processes does
+/// not pin its stacks for good.
+static SPARE_STACKS: Mutex<Vec<KeeperStack>> = Mutex::new(Vec::new());
+const MAX_SPARE_STACKS: usize = 16;
+
+impl KeeperStack {
+    /// A spare stack, or a new one.
+    fn take() -> io::Result<Self> {
+        let spare = SPARE_STACKS.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match spare {
+            Some(stack) => Ok(stack),
+            None => Self::new(),
+        }
+    }
+
+    /// Keeps the stack for a later spawn, or unmaps it when enough are spare.
+    ///
+    /// # Safety
+    ///
+    /// The keeper never ran on it or has been reaped.
+    pub(crate) unsafe fn release(self) {
+        let mut spare = SPARE_STACKS.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < MAX_SPARE_STACKS {
+            spare.push(self);
+        } else {
+            drop(spare);
+            // SAFETY: forwarded contract.
+            unsafe { self.unmap() };
+        }
+    }
+
     fn new() -> io::Result<Self> {
+        let page = page_size();
+        let len = page + TARGET_STACK_BYTES + page + KEEPER_STACK_BYTES;
         // SAFETY: an anonymous private mapping has no preconditions.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                CHILD_STACK_BYTES,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
@@ -160,19 +226,45 @@ impl ChildStack {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: `base` is the start of our own page-aligned mapping.
-        sys::cvt(unsafe { libc::mprotect(base, page_size(), libc::PROT_NONE) })?;
-        Ok(Self {
-            base,
-            len: CHILD_STACK_BYTES,
-        })
+        let stack = Self { base, len };
+        let guards = [0, page + TARGET_STACK_BYTES];
+        for offset in guards {
+            // SAFETY: a page-aligned page inside our own mapping.
+            let rc = unsafe { libc::mprotect(stack.at(offset).cast(), page, libc::PROT_NONE) };
+            if rc != 0 {
+                let error = io::Error::last_os_error();
+                // SAFETY: nothing runs on the stack yet.
+                unsafe { stack.unmap() };
+                return Err(error);
+            }
+        }
+        Ok(stack)
     }
 
-    /// The initial stack pointer: stacks grow down on every Linux architecture we support.
-    fn top(&self) -> *mut libc::c_void {
-        // SAFETY: one past the end of the mapping; 16-byte aligned because the mapping is
-        // page-aligned and its length a multiple of the page size.
-        unsafe { self.base.cast::<u8>().add(self.len).cast() }
+    fn at(&self, offset: usize) -> *mut u8 {
+        // SAFETY: callers pass offsets within (or one past the end of) the mapping.
+        unsafe { self.base.cast::<u8>().add(offset) }
+    }
+
+    /// The target's stack: its lowest address and length.
+    fn target_stack(&self) -> (*mut u8, usize) {
+        (self.at(page_size()), TARGET_STACK_BYTES)
+    }
+
+    /// The keeper's initial stack pointer: stacks grow down on every Linux architecture we
+    /// support, and the end of a page-aligned mapping is 16-byte aligned.
+    fn keeper_top(&self) -> *mut libc::c_void {
+        self.at(self.len).cast()
+    }
+
+    /// Unmaps both stacks.
+    ///
+    /// # Safety
+    ///
+    /// The keeper never ran on them or has been reaped.
+    unsafe fn unmap(self) {
+        // SAFETY: our own mapping, no longer in use (contract).
+        unsafe { libc::munmap(self.base, self.len) };
     }
 }
 
@@ -180,23 +272,6 @@ fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(size).unwrap_or(4096)
-}
-
-/// What the child function reads. Raw pointers into `Command` and local arrays that the
-/// parent keeps alive across `clone`.
-struct ChildArgs {
-    candidates: *const *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-    cwd: *const libc::c_char,
-    /// Descriptors to duplicate onto 0, 1 and 2.
-    stdio: [RawFd; 3],
-    /// The terminal to make controlling, or -1.
-    terminal: RawFd,
-    /// The server's pid: the child's parent unless the server already died.
-    server_pid: libc::pid_t,
-    /// `errno` of the failed step, written by the child before it exits.
-    error: AtomicI32,
 }
 
 fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
@@ -207,11 +282,18 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
         .collect()
 }
 
-fn spawn_child(
-    stack: &ChildStack,
-    server_pid: libc::pid_t,
-    command: &Command,
-) -> io::Result<Spawned> {
+fn spawn_child(server_pid: libc::pid_t, command: &Command) -> io::Result<Spawned> {
+    let stack = KeeperStack::take()?;
+    let pipe = sys::pipe();
+    let (status_read, status_write) = match pipe {
+        Ok(pipe) => pipe,
+        Err(e) => {
+            // SAFETY: no keeper runs on it.
+            unsafe { stack.release() };
+            return Err(e);
+        }
+    };
+    // These and `command` stay alive and unchanged until the keeper's first record.
     let candidates = null_terminated(&command.candidates);
     let argv = null_terminated(&command.argv);
     let envp = null_terminated(&command.envp);
@@ -222,41 +304,42 @@ fn spawn_child(
             stderr,
         } => (
             [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()],
-            -1,
+            false,
         ),
         ChildStdio::Terminal { slave } => {
             let fd = slave.as_raw_fd();
-            ([fd, fd, fd], fd)
+            ([fd, fd, fd], true)
         }
     };
-    let args = ChildArgs {
+    let args = KeeperArgs {
         candidates: candidates.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         cwd: command.cwd.as_ptr(),
         stdio,
         terminal,
+        status: status_write.as_raw_fd(),
         server_pid,
-        error: AtomicI32::new(0),
+        target_stack: stack.target_stack(),
     };
     let mut pidfd: libc::c_int = -1;
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+    let flags = libc::CLONE_VM | libc::CLONE_PIDFD | libc::SIGCHLD;
 
     // SAFETY: sigset_t is plain data that sigfillset initialises; pthread_sigmask only
     // changes this thread's mask, which we restore below. Blocking everything (as glibc's
-    // posix_spawn does) guarantees no signal handler of the server runs in the child while
-    // it shares our memory; the child resets dispositions before unblocking.
+    // posix_spawn does) guarantees that no signal handler of the server ever runs in the
+    // keeper, which keeps every signal blocked for good.
     let (pid, clone_errno) = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut previous: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
-        // SAFETY: `child_main` only reads `args` (alive until this function returns, and the
-        // parent is suspended until the child execs or exits) and runs on `stack`, a
-        // dedicated mapping nobody else uses. CLONE_PIDFD stores the pidfd into `pidfd`.
+        // SAFETY: `keeper_main` reads `args` only until its first record, which we wait for
+        // below before anything it points to is dropped, and runs on its own stack in a
+        // mapping nobody else uses. CLONE_PIDFD stores the pidfd into `pidfd`.
         let pid = libc::clone(
-            child_main,
-            stack.top(),
+            keeper_main,
+            stack.keeper_top(),
             flags,
             std::ptr::addr_of!(args).cast_mut().cast(),
             std::ptr::addr_of_mut!(pidfd),
@@ -266,107 +349,58 @@ fn spawn_child(
         (pid, clone_errno)
     };
     if pid < 0 {
+        // SAFETY: no keeper was created.
+        unsafe { stack.release() };
         return Err(io::Error::from_raw_os_error(clone_errno));
     }
+    // Only the keeper holds the write end now: end-of-file means it is gone.
+    drop(status_write);
     // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a descriptor we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    match args.error.load(Ordering::SeqCst) {
-        0 => Ok(Spawned { pid, pidfd }),
-        errno => {
-            let _ = sys::wait_blocking(&pidfd);
+    let keeper = Keeper { pid, pidfd, stack };
+    // `args`, the arrays and `command` outlive this read; after it the keeper reads
+    // nothing of ours.
+    match read_record(&status_read) {
+        Ok(Some(Report::Started(target))) => Ok(Spawned {
+            pid: target,
+            keeper,
+            status: status_read,
+        }),
+        Ok(Some(Report::Failed(errno))) => {
+            keeper.reap_blocking();
             Err(io::Error::from_raw_os_error(errno))
         }
+        Ok(_) | Err(_) => {
+            keeper.kill_tree();
+            keeper.reap_blocking();
+            Err(io::Error::other(
+                "the process keeper exited before starting the process",
+            ))
+        }
     }
 }
 
-/// The child, between `clone` and `execve`. Runs on the spawner's stack in the server's
-/// memory: it must only make async-signal-safe system calls, never allocate, lock or panic.
-extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` points to the `ChildArgs` of `spawn_child`, alive while we run.
-    let args = unsafe { &*arg.cast::<ChildArgs>() };
-    // SAFETY: see `child_setup_and_exec`.
-    let errno = unsafe { child_setup_and_exec(args) };
-    args.error.store(errno, Ordering::SeqCst);
-    // SAFETY: _exit ends only this child; it runs no atexit handlers of the shared image.
-    unsafe { libc::_exit(SPAWN_FAILED_STATUS) }
-}
-
-/// Returns the `errno` of the step that failed; does not return if `execve` succeeds.
-///
-/// # Safety
-///
-/// Must only run in a freshly cloned child, and every pointer in `args` must be a valid C
-/// string or null-terminated array of them.
-unsafe fn child_setup_and_exec(args: &ChildArgs) -> libc::c_int {
-    let errno = || {
-        // SAFETY: reading the calling thread's errno slot.
-        unsafe { *libc::__errno_location() }
-    };
-    // SAFETY: every call below is an async-signal-safe system call wrapper operating on
-    // memory that stays valid (the parent is suspended), as the function contract requires.
-    unsafe {
-        // Signals: the server ignores SIGPIPE and may handle others, and may itself have
-        // inherited ignored signals; the program must start with default dispositions and
-        // an empty mask. The raw system call also reaches the signals glibc reserves for
-        // itself (32, 33): an all-zero kernel `sigaction` is SIG_DFL without flags.
-        let default = [0u64; 8];
-        for signal in 1..=LAST_SIGNAL {
-            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    signal,
-                    default.as_ptr(),
-                    std::ptr::null_mut::<libc::c_void>(),
-                    KERNEL_SIGSET_BYTES,
-                );
+/// Reads one whole record from the (blocking) status pipe: `None` at end-of-file or for a
+/// record of an unknown kind.
+pub(crate) fn read_record(status: &OwnedFd) -> io::Result<Option<Report>> {
+    let mut record = [0u8; RECORD_BYTES];
+    let mut filled = 0;
+    while filled < RECORD_BYTES {
+        let buf = &mut record[filled..];
+        // SAFETY: reads into a live buffer of the stated length.
+        let n = unsafe { libc::read(status.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            0 => return Ok(None),
+            n if n > 0 => filled += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
             }
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-
-        if libc::setsid() < 0 {
-            return errno();
-        }
-        if args.terminal >= 0 && libc::ioctl(args.terminal, libc::TIOCSCTTY, 0) < 0 {
-            return errno();
-        }
-        for (target, source) in args.stdio.iter().enumerate() {
-            if libc::dup2(*source, target as libc::c_int) < 0 {
-                return errno();
-            }
-        }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
-            return errno();
-        }
-        // The server may have died before the signal was armed; then nobody is left to
-        // kill us later.
-        if libc::getppid() != args.server_pid {
-            return libc::ESRCH;
-        }
-        if libc::chdir(args.cwd) < 0 {
-            return errno();
-        }
-        // execvp's rules: keep trying on "not here" errors, remember EACCES, stop on others.
-        let mut result = libc::ENOENT;
-        let mut denied = false;
-        let mut candidate = args.candidates;
-        while !(*candidate).is_null() {
-            libc::execve(*candidate, args.argv, args.envp);
-            match errno() {
-                libc::EACCES => denied = true,
-                libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
-                other => return other,
-            }
-            result = errno();
-            candidate = candidate.add(1);
-        }
-        if denied {
-            libc::EACCES
-        } else {
-            result
         }
     }
+    Ok(Report::decode(record))
 }
 
 #[cfg(test)]
@@ -403,6 +437,19 @@ mod tests {
         (result, out)
     }
 
+    /// The target's exit code from the status pipe; then the keeper is reaped.
+    fn finish(spawned: Spawned) -> i32 {
+        let code = loop {
+            match read_record(&spawned.status).unwrap() {
+                Some(Report::Exited(status)) => break crate::keeper::exit_code(status),
+                Some(_) => continue,
+                None => break -1,
+            }
+        };
+        spawned.keeper.reap_blocking();
+        code
+    }
+
     #[test]
     fn runs_the_first_candidate_that_exists_in_its_own_session() {
         let (spawned, out) = run(
@@ -415,12 +462,13 @@ mod tests {
             "/tmp",
         );
         let spawned = spawned.unwrap();
-        assert_eq!(sys::wait_blocking(&spawned.pidfd).unwrap(), 0);
+        let pid = spawned.pid;
+        assert_eq!(finish(spawned), 0);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("1 /tmp\n"), "{text}");
         if let Some(ids) = text.lines().nth(1) {
             let ids: Vec<&str> = ids.split_whitespace().collect();
-            let pid = spawned.pid.to_string();
+            let pid = pid.to_string();
             assert_eq!(ids, [pid.as_str(); 3]);
         }
     }
@@ -436,6 +484,49 @@ mod tests {
     }
 
     #[test]
+    fn the_keeper_kills_descendants_that_left_the_group_and_reports_the_kill() {
+        let (stdin, _stdin_w) = sys::pipe().unwrap();
+        let (out_r, out_w) = sys::pipe().unwrap();
+        let (err_r, err_w) = sys::pipe().unwrap();
+        drop(err_r);
+        let script = "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 1000";
+        let command = Command {
+            candidates: cstrings(&["/bin/sh"]),
+            argv: cstrings(&["sh", "-c", script]),
+            envp: cstrings(&["PATH=/usr/bin:/bin"]),
+            cwd: CString::new("/").unwrap(),
+            stdio: ChildStdio::Pipes {
+                stdin: sys::above_stdio(stdin).unwrap(),
+                stdout: sys::above_stdio(out_w).unwrap(),
+                stderr: sys::above_stdio(err_w).unwrap(),
+            },
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let spawned = rt
+            .block_on(Spawner::global().unwrap().spawn(command))
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(std::fs::File::from(out_r)),
+            &mut line,
+        )
+        .unwrap();
+        let daemon: i32 = line.trim().parse().unwrap();
+        assert!(std::path::Path::new(&format!("/proc/{daemon}")).exists());
+        spawned.keeper.kill_tree();
+        assert_eq!(finish(spawned), 128 + libc::SIGKILL);
+        // The keeper reaped the daemon before it exited: nothing by that pid remains (or a
+        // new process reused it, which would not be our sleep).
+        let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
+        assert!(
+            !cmdline.starts_with(b"sleep\x001000"),
+            "the daemon survived"
+        );
+    }
+
+    #[test]
     fn signals_start_at_their_defaults() {
         // The test harness (like the server) ignores SIGPIPE; the child must not.
         let (spawned, out) = run(
@@ -443,7 +534,7 @@ mod tests {
             &["/bin/sh"],
             "/",
         );
-        assert_eq!(sys::wait_blocking(&spawned.unwrap().pidfd).unwrap(), 0);
+        assert_eq!(finish(spawned.unwrap()), 0);
         let text = String::from_utf8(out).unwrap();
         for line in text.lines() {
             assert!(line.ends_with("0000000000000000"), "{text}");

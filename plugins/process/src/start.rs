@@ -24,11 +24,12 @@ use exec_server_sandbox::exec::exchange::{exchange, ControlSocket, LaunchOutcome
 use exec_server_sandbox::exec::{resolve_program, LaunchReport, LaunchRequest, SANDBOX_EXEC_ARG1};
 use exec_server_sandbox::fs_helper::runner::ENV_ALLOW_LIST;
 use exec_server_sandbox::narrow::NarrowingOutcome;
-use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
+use exec_server_sandbox::policy::{Network, SandboxDecision, SandboxPolicy};
 
+use crate::keepers::LiveKeeper;
 use crate::managed::{ManagedProcess, StdinMode};
-use crate::pump::{reap, OutputSource, Pump};
-use crate::spawn::{ChildStdio, Command, Spawner};
+use crate::pump::{wait_exit, OutputSource, Pump};
+use crate::spawn::{ChildStdio, Command, Spawned, Spawner};
 use crate::{environment, sys, terminal, ProcessPlugin};
 
 /// Terminal size when `size` is not given (§4.2.1).
@@ -57,53 +58,48 @@ pub(crate) async fn start(
             spawned.map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?
         }
     };
-    let pid = spawned.pid;
-    let pidfd = match sys::register(spawned.pidfd, Interest::READABLE) {
-        Ok(pidfd) => pidfd,
-        Err((pidfd, error)) => {
-            let _ = sys::signal_group(pid, libc::SIGKILL);
-            tokio::task::spawn_blocking(move || sys::wait_blocking(&pidfd));
-            return Err(RpcError::spawn_failed(io_error_text(&error)));
-        }
-    };
+    let Spawned {
+        pid,
+        keeper,
+        status,
+    } = spawned;
+    // From here on the keeper dies with the session and is reaped when it exits.
+    let keeper = table.keepers.adopt(keeper);
+    let status =
+        match sys::set_nonblocking(&status).and_then(|()| register(status, Interest::READABLE)) {
+            Ok(status) => status,
+            Err(error) => {
+                let _ = sys::signal_group(pid, libc::SIGKILL);
+                keeper.kill_tree();
+                return Err(RpcError::spawn_failed(io_error_text(&error)));
+            }
+        };
 
     let sandbox_type = match launch {
         None => SandboxType::None,
-        Some(launch) => match confine(&plugin, launch, pid, &pidfd).await {
-            Ok(report) => {
-                if report.narrowing == NarrowingOutcome::Skipped {
-                    if let Some(policy) = decision.policy() {
-                        if !policy.read_only.is_empty() || !policy.denied_paths.is_empty() {
-                            tracing::warn!(
-                                process = %params.process_id,
-                                pid,
-                                "mount narrowing skipped: carve-outs and deny entries are not enforced for this process"
-                            );
-                        }
-                    }
-                }
-                if report.is_enforced() {
-                    SandboxType::LinuxSeccomp
-                } else {
-                    SandboxType::None
-                }
+        Some(launch) => {
+            let report = confine(&plugin, launch, pid, &keeper, &status).await?;
+            warn_about_weaker_confinement(&params.process_id, &report, decision.policy());
+            if report.is_enforced() {
+                SandboxType::LinuxSeccomp
+            } else {
+                SandboxType::None
             }
-            Err(error) => return Err(error),
-        },
+        }
     };
 
     let config = &plugin.config;
     let process = Arc::new(ManagedProcess::new(
         params.process_id.clone(),
         pid,
+        Arc::clone(&keeper),
         prepared.stdin_mode,
         prepared.stdin,
         config.retention(),
         config.write_id_history,
     ));
     if let Err(e) = reservation.commit(&process) {
-        process.kill_group();
-        tokio::spawn(async move { reap(&pidfd).await });
+        process.kill_tree();
         return Err(e);
     }
     tracing::debug!(process = %process.id, pid, "process started");
@@ -113,7 +109,7 @@ pub(crate) async fn start(
         table,
         primary: prepared.primary,
         secondary: prepared.secondary,
-        pidfd,
+        status: Some(status),
         response_queued: Some(cx.response_queued()),
         chunk_bytes: config.output_chunk_bytes,
         closed_retention: Duration::from_millis(config.closed_retention_ms),
@@ -129,14 +125,17 @@ pub(crate) async fn start(
 }
 
 /// The server's half of a sandboxed start (SANDBOX.md §8.2 steps 4–5): the launch line,
-/// then the launcher's report. On failure the launcher is killed if needed and reaped.
+/// then the launcher's report. On failure the launcher is killed if needed, and its exit
+/// status collected from its keeper.
 async fn confine(
     plugin: &ProcessPlugin,
-    launch: Launch,
+    mut launch: Launch,
     pid: libc::pid_t,
-    pidfd: &AsyncFd<OwnedFd>,
+    keeper: &LiveKeeper,
+    status: &AsyncFd<OwnedFd>,
 ) -> Result<LaunchReport, RpcError> {
     let timeout = plugin.sandbox.helper_timeout();
+    launch.request.parent_pid = u32::try_from(keeper.pid).unwrap_or(0);
     let outcome = tokio::task::spawn_blocking(move || {
         exchange(
             &launch.control,
@@ -147,20 +146,20 @@ async fn confine(
     })
     .await
     .map_err(RpcError::spawn_failed)?;
-    let reaped = || async { reap_launcher(pidfd).await };
     match outcome {
         LaunchOutcome::Started(report) => Ok(report),
         LaunchOutcome::Failed(error) => {
-            reaped().await;
+            wait_exit(status).await;
             Err(error)
         }
         LaunchOutcome::ExitedSilently => {
-            let code = reaped().await;
+            let code = wait_exit(status).await;
             Err(RpcError::launcher_exited(exit_status_text(code)))
         }
         LaunchOutcome::TimedOut => {
             let _ = sys::signal_group(pid, libc::SIGKILL);
-            reaped().await;
+            keeper.kill_tree();
+            wait_exit(status).await;
             Err(RpcError::launcher_timed_out(
                 u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             ))
@@ -168,15 +167,39 @@ async fn confine(
     }
 }
 
-/// Waits for the launcher's exit (it exits on its own after a failure).
-async fn reap_launcher(pidfd: &AsyncFd<OwnedFd>) -> i32 {
-    let fd = match pidfd.get_ref().try_clone() {
-        Ok(fd) => fd,
-        Err(_) => return -1,
-    };
-    tokio::task::spawn_blocking(move || sys::wait_blocking(&fd).unwrap_or(-1))
-        .await
-        .unwrap_or(-1)
+/// Logs, once per server and kind, what the launcher could not apply (SANDBOX.md §5.8,
+/// §8.4): never the command, only the process id and what is missing.
+fn warn_about_weaker_confinement(
+    process_id: &str,
+    report: &LaunchReport,
+    policy: Option<&SandboxPolicy>,
+) {
+    if report.narrowing == NarrowingOutcome::Skipped {
+        if let Some(policy) = policy {
+            if !policy.read_only.is_empty() || !policy.denied_paths.is_empty() {
+                tracing::warn!(
+                    process = %process_id,
+                    "mount narrowing skipped: carve-outs and deny entries are not enforced for this process"
+                );
+            }
+        }
+    }
+    let network_restricted = policy.is_some_and(|p| p.network == Network::Restricted);
+    let missing = report.missing_isolation(network_restricted);
+    if missing.is_empty() {
+        return;
+    }
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let text = missing.join(", ");
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if !warned.contains(&text) {
+        tracing::warn!(
+            process = %process_id,
+            missing = %text,
+            "sandboxed process runs with weaker isolation than intended (the kernel refused it); Landlock still confines it"
+        );
+        warned.push(text);
+    }
 }
 
 /// The standard library's wording of an exit status.

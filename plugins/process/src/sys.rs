@@ -1,6 +1,6 @@
 //! Safe wrappers over the Linux system calls the server side of the plugin uses: pipes,
 //! non-blocking reads and writes, process-group signals, pidfd waits and terminal sizes.
-//! (What the child runs between `clone` and `execve` lives in [`crate::spawn`].)
+//! (What runs in the keeper and in the child before `execve` lives in [`crate::keeper`].)
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -87,6 +87,49 @@ pub(crate) fn signal_group(pgid: libc::pid_t, signal: libc::c_int) -> io::Result
         Ok(_) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Sends `signal` to the process behind `pidfd`. `Ok(false)` when it has exited.
+pub(crate) fn pidfd_signal(pidfd: &impl AsRawFd, signal: libc::c_int) -> io::Result<bool> {
+    // SAFETY: pidfd_send_signal with a null siginfo and no flags has no memory effects; a
+    // pidfd names one process for good, so pid reuse cannot misdirect the signal.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Blocks until `fd` is readable (a pidfd: the process exited).
+pub(crate) fn wait_readable(fd: &impl AsRawFd) -> io::Result<()> {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, -1) } >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

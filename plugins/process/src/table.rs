@@ -8,6 +8,7 @@ use exec_server_core::proto::RpcError;
 use exec_server_core::SessionState;
 use tokio_util::sync::CancellationToken;
 
+use crate::keepers::KeeperRegistry;
 use crate::managed::ManagedProcess;
 
 /// What a `processId` currently names in a session.
@@ -34,6 +35,8 @@ pub(crate) struct ProcessTable {
     /// Cancelled when the session ends: output collection stops and no new process may be
     /// added.
     ended: CancellationToken,
+    /// Every keeper of the session not reaped yet, including those of removed processes.
+    pub keepers: Arc<KeeperRegistry>,
 }
 
 impl ProcessTable {
@@ -103,7 +106,7 @@ impl ProcessTable {
 
 impl SessionState for ProcessTable {
     /// Session expiry, stdio end or shutdown: SIGKILL every process group that may still
-    /// have members, and cancel pending starts.
+    /// have members, make every keeper kill its tree, and cancel pending starts.
     fn session_ended(&self) {
         let slots: Vec<Slot> = {
             let mut slots = self.slots();
@@ -117,6 +120,7 @@ impl SessionState for ProcessTable {
                 Slot::Started(_) => {}
             }
         }
+        self.keepers.kill_all();
     }
 }
 
@@ -204,6 +208,7 @@ mod tests {
         let process = Arc::new(ManagedProcess::new(
             "a".into(),
             1,
+            crate::keepers::LiveKeeper::for_tests(),
             crate::managed::StdinMode::Closed,
             None,
             crate::ProcessConfig::default().retention(),

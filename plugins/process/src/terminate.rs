@@ -29,12 +29,10 @@ pub(crate) async fn terminate(
     Ok(TerminateResult { running })
 }
 
-/// SIGKILL to the group of a process that is not closed; returns whether it was running.
+/// Kills the process and every descendant (even after the close: a daemon may have closed
+/// its output and still run); returns whether the process itself was running.
 fn kill(process: &crate::managed::ManagedProcess) -> bool {
-    if process.is_closed() {
-        return false;
-    }
     let running = process.exit_code().is_none();
-    process.kill_group();
+    process.kill_tree();
     running
 }

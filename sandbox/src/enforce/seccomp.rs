@@ -1,16 +1,19 @@
 //! The seccomp filter of both helpers (SANDBOX.md §5.3): a deny list of system calls that
-//! fail with `EPERM`, everything else allowed, other ABIs killed by the architecture check.
+//! fail with `EPERM`, everything else allowed, other ABIs killed by the architecture check;
+//! and `clone3` answered with `ENOSYS`, so that libc falls back to `clone`, whose flags the
+//! filter can inspect (`clone3` passes them in memory).
 //!
 //! The numbers are tabled per architecture (not taken from `libc::SYS_*`, which only knows
 //! the host) so that the rule set of either architecture can be built and tested anywhere;
-//! a unit test checks the host's column against `libc`.
+//! a unit test checks the host's column against `libc`. The program itself is laid out by
+//! [`super::bpf`] and installed with seccompiler.
 
 use std::collections::BTreeMap;
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
+use seccompiler::{BpfProgram, TargetArch};
+
+pub(crate) use super::bpf::Condition;
+use super::bpf::{self, Rule};
 
 /// The rule groups of §5.3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +26,11 @@ pub(crate) enum Group {
     Kernel,
     /// `truncate(2)`: only below Landlock ABI 3, which cannot refuse it on a path.
     Truncate,
+    /// What a confined process has no business with: keyrings, mounts, namespaces, the
+    /// kernel log, clocks, handles to other processes' files: always.
+    Containment,
+    /// `sethostname`, `setdomainname`: unless the process has a UTS namespace of its own.
+    HostName,
 }
 
 /// One denied system call.
@@ -32,8 +40,7 @@ pub(crate) struct DeniedCall {
     pub group: Group,
     pub x86_64: Option<i64>,
     pub aarch64: Option<i64>,
-    /// Denied only when argument 0 (the socket domain) is not `AF_UNIX`.
-    pub unless_af_unix: bool,
+    pub condition: Condition,
 }
 
 const fn call(name: &'static str, group: Group, x86_64: i64, aarch64: i64) -> DeniedCall {
@@ -42,7 +49,7 @@ const fn call(name: &'static str, group: Group, x86_64: i64, aarch64: i64) -> De
         group,
         x86_64: Some(x86_64),
         aarch64: Some(aarch64),
-        unless_af_unix: false,
+        condition: Condition::Always,
     }
 }
 
@@ -62,11 +69,11 @@ pub(crate) const DENIED_CALLS: &[DeniedCall] = &[
     call("getsockopt", Group::Network, 55, 209),
     call("setsockopt", Group::Network, 54, 208),
     DeniedCall {
-        unless_af_unix: true,
+        condition: Condition::UnlessAfUnix,
         ..call("socket", Group::Network, 41, 198)
     },
     DeniedCall {
-        unless_af_unix: true,
+        condition: Condition::UnlessAfUnix,
         ..call("socketpair", Group::Network, 53, 199)
     },
     call("ptrace", Group::Inspection, 101, 117),
@@ -95,7 +102,44 @@ pub(crate) const DENIED_CALLS: &[DeniedCall] = &[
         ..call("ioperm", Group::Kernel, 173, 0)
     },
     call("truncate", Group::Truncate, 76, 45),
+    call("keyctl", Group::Containment, 250, 219),
+    call("add_key", Group::Containment, 248, 217),
+    call("request_key", Group::Containment, 249, 218),
+    call("mount", Group::Containment, 165, 40),
+    call("umount2", Group::Containment, 166, 39),
+    call("pivot_root", Group::Containment, 155, 41),
+    call("move_mount", Group::Containment, 429, 429),
+    call("open_tree", Group::Containment, 428, 428),
+    call("fsopen", Group::Containment, 430, 430),
+    call("fsconfig", Group::Containment, 431, 431),
+    call("fsmount", Group::Containment, 432, 432),
+    call("fspick", Group::Containment, 433, 433),
+    call("mount_setattr", Group::Containment, 442, 442),
+    call("setns", Group::Containment, 308, 268),
+    call("unshare", Group::Containment, 272, 97),
+    call("syslog", Group::Containment, 103, 116),
+    call("acct", Group::Containment, 163, 89),
+    call("quotactl", Group::Containment, 179, 60),
+    call("userfaultfd", Group::Containment, 323, 282),
+    call("settimeofday", Group::Containment, 164, 170),
+    call("clock_settime", Group::Containment, 227, 112),
+    call("clock_adjtime", Group::Containment, 305, 266),
+    call("adjtimex", Group::Containment, 159, 171),
+    call("vhangup", Group::Containment, 153, 58),
+    call("pidfd_getfd", Group::Containment, 438, 438),
+    call("kcmp", Group::Containment, 312, 272),
+    call("fanotify_init", Group::Containment, 300, 262),
+    call("name_to_handle_at", Group::Containment, 303, 264),
+    DeniedCall {
+        condition: Condition::NewUserNamespace,
+        ..call("clone", Group::Containment, 56, 220)
+    },
+    call("sethostname", Group::HostName, 170, 161),
+    call("setdomainname", Group::HostName, 171, 162),
 ];
+
+/// `clone3`, answered with `ENOSYS` (group C).
+pub(crate) const CLONE3: DeniedCall = call("clone3", Group::Containment, 435, 435);
 
 /// Bit that marks an x32 system call number on x86_64.
 const X32_SYSCALL_BIT: i64 = 0x4000_0000;
@@ -118,14 +162,17 @@ pub(crate) struct FilterScope {
     pub network_restricted: bool,
     /// The effective Landlock ABI (0 when unavailable).
     pub landlock_abi: i32,
+    /// The process has a UTS namespace of its own: renaming the host is harmless there.
+    pub private_uts: bool,
 }
 
 impl FilterScope {
     fn includes(self, group: Group) -> bool {
         match group {
             Group::Network => self.network_restricted,
-            Group::Inspection | Group::Kernel => true,
+            Group::Inspection | Group::Kernel | Group::Containment => true,
             Group::Truncate => self.landlock_abi < 3,
+            Group::HostName => !self.private_uts,
         }
     }
 }
@@ -139,56 +186,77 @@ pub(crate) fn host_arch() -> Option<TargetArch> {
     }
 }
 
-/// The denied numbers with their conditions, for `arch`.
-pub(crate) fn rules(arch: TargetArch, scope: FilterScope) -> BTreeMap<i64, Vec<SeccompRule>> {
+/// The number of `call` on `arch`, if it exists there.
+fn number(call: &DeniedCall, arch: TargetArch) -> Option<i64> {
+    match arch {
+        TargetArch::x86_64 => call.x86_64,
+        TargetArch::aarch64 => call.aarch64,
+        _ => None,
+    }
+}
+
+/// `number` and, on x86_64, every x32 number of the same call.
+fn numbers(call: &DeniedCall, arch: TargetArch, number: i64) -> Vec<i64> {
+    let mut numbers = vec![number];
+    if arch == TargetArch::x86_64 {
+        numbers.push(X32_SYSCALL_BIT | number);
+        for (_, x32) in X32_ONLY.iter().filter(|(name, _)| *name == call.name) {
+            numbers.push(X32_SYSCALL_BIT | x32);
+        }
+    }
+    numbers
+}
+
+/// The denied numbers with their conditions, for `arch` (without `clone3`).
+pub(crate) fn rules(arch: TargetArch, scope: FilterScope) -> BTreeMap<i64, Condition> {
     let mut rules = BTreeMap::new();
     for denied in DENIED_CALLS.iter().filter(|d| scope.includes(d.group)) {
-        let number = match arch {
-            TargetArch::x86_64 => denied.x86_64,
-            TargetArch::aarch64 => denied.aarch64,
-            _ => None,
+        let Some(number) = number(denied, arch) else {
+            continue;
         };
-        let Some(number) = number else { continue };
-        let chain = || {
-            if denied.unless_af_unix {
-                vec![not_af_unix()]
-            } else {
-                Vec::new()
-            }
-        };
-        rules.insert(number, chain());
-        if arch == TargetArch::x86_64 {
-            rules.insert(X32_SYSCALL_BIT | number, chain());
-            for (_, x32) in X32_ONLY.iter().filter(|(name, _)| *name == denied.name) {
-                rules.insert(X32_SYSCALL_BIT | x32, chain());
-            }
+        for number in numbers(denied, arch, number) {
+            rules.insert(number, denied.condition);
         }
     }
     rules
 }
 
-/// Matches when argument 0, as a 32-bit value, is not `AF_UNIX`.
-fn not_af_unix() -> SeccompRule {
-    let condition = SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Ne,
-        libc::AF_UNIX as u64,
-    )
-    .expect("argument 0 is a valid argument index");
-    SeccompRule::new(vec![condition]).expect("a rule with one condition is valid")
+/// The numbers of `clone3` on `arch`.
+pub(crate) fn clone3_numbers(arch: TargetArch) -> Vec<i64> {
+    number(&CLONE3, arch)
+        .map(|n| numbers(&CLONE3, arch, n))
+        .unwrap_or_default()
+}
+
+/// `AUDIT_ARCH_*` of `arch`.
+pub(crate) fn audit_arch(arch: TargetArch) -> Option<u32> {
+    match arch {
+        TargetArch::x86_64 => Some(0xc000_003e),
+        TargetArch::aarch64 => Some(0xc000_00b7),
+        _ => None,
+    }
 }
 
 /// Compiles the filter for `arch`.
 pub(crate) fn compile(arch: TargetArch, scope: FilterScope) -> Result<BpfProgram, String> {
-    let filter = SeccompFilter::new(
-        rules(arch, scope),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(|e| e.to_string())?;
-    BpfProgram::try_from(filter).map_err(|e| e.to_string())
+    let audit = audit_arch(arch).ok_or("no seccomp filter table for this architecture")?;
+    let as_number = |n: i64| u32::try_from(n).map_err(|_| format!("bad system call number {n}"));
+    let mut denied = Vec::new();
+    for (number, condition) in rules(arch, scope) {
+        denied.push(Rule {
+            number: as_number(number)?,
+            condition,
+            errno: libc::EPERM,
+        });
+    }
+    for number in clone3_numbers(arch) {
+        denied.push(Rule {
+            number: as_number(number)?,
+            condition: Condition::Always,
+            errno: libc::ENOSYS,
+        });
+    }
+    bpf::program(audit, &denied)
 }
 
 /// Installs the filter on the calling thread (`no_new_privs` must already be set).
