@@ -1055,3 +1055,28 @@ async fn a_closed_process_is_removed_after_its_retention_time() {
     start(&mut client, params).await;
     until_closed(&mut client, "p").await;
 }
+
+/// The server raises its own soft descriptor limit to the hard one (for its listeners);
+/// children get back the soft limit the server started with, since programs that
+/// `select(2)` or close every descriptor up to the limit expect the usual value.
+#[tokio::test]
+async fn children_start_with_the_descriptor_limit_the_server_started_with() {
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("ulimit -S -n 1000 && exec \"$0\" --listen stdio")
+        .arg(crate::util::server_bin())
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    let mut client = Client::stdio_with(cmd);
+    client.handshake().await;
+    start(
+        &mut client,
+        start_params("limits", &["sh", "-c", "ulimit -S -n"], false),
+    )
+    .await;
+    let (text, _) = output_until(&mut client, "limits", "\n").await;
+    assert_eq!(text.trim(), "1000");
+}

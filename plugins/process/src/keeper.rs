@@ -141,6 +141,10 @@ pub(crate) struct KeeperArgs {
     pub server_pid: i32,
     /// The target's stack: lowest address and length (a guard page lies below).
     pub target_stack: (*mut u8, usize),
+    /// The descriptor limit the target gets back: the server raised its own soft limit,
+    /// and programs that `select(2)` or close every descriptor up to the limit expect the
+    /// usual value. `None`: leave the inherited limit.
+    pub open_file_limit: Option<libc::rlimit>,
 }
 
 /// What the target reads: the keeper's arguments, the keeper's pid, and where its error
@@ -574,6 +578,11 @@ unsafe fn set_up_and_exec(target: &TargetArgs<'_>) -> i32 {
     }
     for (target_fd, source) in (0..3).zip(KEPT_FDS) {
         if let Some(errno) = fail(raw::dup3(source, target_fd, 0)) {
+            return errno;
+        }
+    }
+    if let Some(limit) = &args.open_file_limit {
+        if let Some(errno) = fail(raw::set_open_file_limit(limit)) {
             return errno;
         }
     }

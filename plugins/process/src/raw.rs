@@ -230,6 +230,24 @@ pub(crate) fn prctl(option: i32, arg2: usize) -> isize {
     unsafe { syscall(libc::SYS_prctl, [int(option), arg2, 0, 0, 0, 0]) }
 }
 
+/// `prlimit64(0, RLIMIT_NOFILE, limit, NULL)`: sets the calling process's descriptor limit.
+pub(crate) fn set_open_file_limit(limit: &libc::rlimit) -> isize {
+    // SAFETY: `limit` is a valid rlimit that outlives the call; the old value is not asked.
+    unsafe {
+        syscall(
+            libc::SYS_prlimit64,
+            [
+                0,
+                libc::RLIMIT_NOFILE as usize,
+                std::ptr::from_ref(limit) as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
 /// `ioctl` whose third argument is an integer (`TIOCSCTTY`).
 pub(crate) fn ioctl_int(fd: i32, request: libc::c_ulong, arg: usize) -> isize {
     // SAFETY: the requests this crate passes take an integer argument.

@@ -321,6 +321,7 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> io::Result<Spawned
         status: status_write.as_raw_fd(),
         server_pid,
         target_stack: stack.target_stack(),
+        open_file_limit: child_open_file_limit(),
     };
     let mut pidfd: libc::c_int = -1;
     let flags = libc::CLONE_VM | libc::CLONE_PIDFD | libc::SIGCHLD;
@@ -401,6 +402,27 @@ pub(crate) fn read_record(status: &OwnedFd) -> io::Result<Option<Report>> {
         }
     }
     Ok(Report::decode(record))
+}
+
+/// The soft descriptor limit children start with: the one the server itself started with,
+/// before `exec_server_core::hygiene` raised it to the hard limit for the listeners.
+fn child_open_file_limit() -> Option<libc::rlimit> {
+    static LIMIT: OnceLock<Option<libc::rlimit>> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let original = exec_server_core::hygiene::original_open_file_limit()?;
+        let mut current = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `current` is a valid, writable rlimit.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) } != 0 {
+            return None;
+        }
+        (original < current.rlim_cur).then_some(libc::rlimit {
+            rlim_cur: original,
+            rlim_max: current.rlim_max,
+        })
+    })
 }
 
 #[cfg(test)]
