@@ -311,6 +311,14 @@ impl RpcError {
         Self::invalid_request(format!("file read handle `{id}` already exists"))
     }
 
+    /// A session at the limit of one of its quotas (fair share): names what is counted,
+    /// the limit, and the configuration key that sets it.
+    pub fn quota_exceeded(what: &str, limit: usize, key: &str) -> Self {
+        Self::invalid_request(format!(
+            "session quota reached: at most {limit} {what} at once ({key})"
+        ))
+    }
+
     pub fn too_many_handles(limit: usize) -> Self {
         Self::invalid_request(format!(
             "at most {limit} file reads may be open per connection"

@@ -10,6 +10,7 @@
 //! * [`transport`] — the stdio and WebSocket listeners.
 //! * [`in_process`] — a connection without a transport, for tests and embedding.
 //! * [`metrics`] — process-wide counters, gauges and histograms for `/metrics`.
+//! * [`quota`] — per-session quotas: how much of a resource one session may hold.
 //! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
 //! * [`hygiene`] — process hardening run first thing: non-dumpable, secrets out of the
 //!   environment, descriptor limit raised.
@@ -22,6 +23,7 @@ pub mod hygiene;
 pub mod in_process;
 pub mod metrics;
 pub mod plugin;
+pub mod quota;
 pub mod router;
 pub mod server;
 pub mod session;
@@ -38,6 +40,7 @@ pub use plugin::{
     checked_section, typed_section, CheckedSection, Install, InstallError, Method, MethodDecl,
     NoParams, Plugin,
 };
+pub use quota::{Quota, QuotaLease};
 pub use router::StartupError;
 pub use server::{ConfiguredTransport, Listener, ListenerKind, ServerContext};
 pub use session::Session;

@@ -57,6 +57,10 @@ impl Gauge {
         self.0.store(value, Ordering::Relaxed);
     }
 
+    pub fn add(&self, delta: i64) {
+        self.0.fetch_add(delta, Ordering::Relaxed);
+    }
+
     pub fn get(&self) -> i64 {
         self.0.load(Ordering::Relaxed)
     }

@@ -82,6 +82,12 @@ impl Session {
         self.extensions.get_or_insert_state(init)
     }
 
+    /// A value of type `T` kept with the session (no end hook), created by `init` on
+    /// first use.
+    pub fn extension<T: std::any::Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> Arc<T> {
+        self.extensions.get_or_insert_with(init)
+    }
+
     /// The plugin state of type `T`, if it was created.
     pub fn existing_state<T: SessionState>(&self) -> Option<Arc<T>> {
         self.extensions.get::<T>()
