@@ -8,6 +8,7 @@ mod client;
 mod config;
 mod environment;
 mod escape;
+mod fair_share;
 mod fs;
 mod handshake;
 mod process;
