@@ -11,6 +11,8 @@
 //! * [`in_process`] — a connection without a transport, for tests and embedding.
 //! * [`metrics`] — process-wide counters, gauges and histograms for `/metrics`.
 //! * [`quota`] — per-session quotas: how much of a resource one session may hold.
+//! * [`fair_slots`] — bounded slots for expensive work (blocking file operations, helper
+//!   processes), shared round-robin by session.
 //! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
 //! * [`hygiene`] — process hardening run first thing: non-dumpable, secrets out of the
 //!   environment, descriptor limit raised.
@@ -18,6 +20,7 @@
 pub mod call;
 pub mod connection;
 pub mod extensions;
+pub mod fair_slots;
 pub mod helpers;
 pub mod hygiene;
 pub mod in_process;
@@ -34,6 +37,7 @@ pub use call::{Call, Parked, ResponseQueued};
 pub use exec_server_config as config;
 pub use exec_server_proto as proto;
 pub use extensions::SessionState;
+pub use fair_slots::{DeadlineReport, FairSlots, SlotPermit};
 pub use in_process::InProcessConnection;
 pub use inventory;
 pub use plugin::{
