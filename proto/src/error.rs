@@ -319,6 +319,14 @@ impl RpcError {
         ))
     }
 
+    /// An in-process `fs/*` operation that did not finish within `fs.operation_timeout_ms`
+    /// (it may have been partly done: a write partly written, a copy partly made).
+    pub fn fs_operation_timed_out(method: &str, ms: u64) -> Self {
+        Self::internal(format!(
+            "{method} timed out after {ms} ms (fs.operation_timeout_ms)"
+        ))
+    }
+
     pub fn too_many_handles(limit: usize) -> Self {
         Self::invalid_request(format!(
             "at most {limit} file reads may be open per connection"

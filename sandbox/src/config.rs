@@ -44,6 +44,8 @@ pub struct SandboxConfig {
     pub helper_max_response_bytes: u64,
     /// fs helpers running at once per server (§3.2).
     pub max_concurrent_helpers: usize,
+    /// fs helpers one session runs at once; its further requests wait for their turn.
+    pub max_helpers_per_session: usize,
     /// The binary spawned for helpers; `None`: `/proc/self/exe`.
     pub helper_executable: Option<PathBuf>,
     pub process_narrowing: ProcessNarrowing,
@@ -58,6 +60,7 @@ impl Default for SandboxConfig {
             helper_timeout_ms: 30_000,
             helper_max_response_bytes: 805_306_368,
             max_concurrent_helpers: 16,
+            max_helpers_per_session: 4,
             helper_executable: None,
             process_narrowing: ProcessNarrowing::MountNamespace,
             exit_output_grace_ms: 20,
@@ -74,6 +77,7 @@ struct SandboxTable {
     helper_timeout_ms: u64,
     helper_max_response_bytes: u64,
     max_concurrent_helpers: usize,
+    max_helpers_per_session: usize,
     helper_executable: Option<PathBuf>,
     process_narrowing: String,
     exit_output_grace_ms: u64,
@@ -89,6 +93,7 @@ impl Default for SandboxTable {
             helper_timeout_ms: d.helper_timeout_ms,
             helper_max_response_bytes: d.helper_max_response_bytes,
             max_concurrent_helpers: d.max_concurrent_helpers,
+            max_helpers_per_session: d.max_helpers_per_session,
             helper_executable: None,
             process_narrowing: "mount-namespace".to_owned(),
             exit_output_grace_ms: d.exit_output_grace_ms,
@@ -143,6 +148,11 @@ impl SandboxConfig {
         if table.max_concurrent_helpers == 0 {
             return Err(source.invalid(&key("max_concurrent_helpers"), "must be at least 1, got 0"));
         }
+        if table.max_helpers_per_session == 0 {
+            return Err(
+                source.invalid(&key("max_helpers_per_session"), "must be at least 1, got 0")
+            );
+        }
         if let Some(path) = table
             .helper_executable
             .as_ref()
@@ -161,6 +171,7 @@ impl SandboxConfig {
             helper_timeout_ms: table.helper_timeout_ms,
             helper_max_response_bytes: table.helper_max_response_bytes,
             max_concurrent_helpers: table.max_concurrent_helpers,
+            max_helpers_per_session: table.max_helpers_per_session,
             helper_executable: table.helper_executable,
             process_narrowing,
             exit_output_grace_ms: table.exit_output_grace_ms,
@@ -214,6 +225,7 @@ mod tests {
         assert_eq!(config.helper_timeout_ms, 30_000);
         assert_eq!(config.helper_max_response_bytes, 805_306_368);
         assert_eq!(config.max_concurrent_helpers, 16);
+        assert_eq!(config.max_helpers_per_session, 4);
         assert_eq!(config.exit_output_grace_ms, 20);
         assert_eq!(config.enforcement, Enforcement::Require);
     }
@@ -237,6 +249,10 @@ mod tests {
             (
                 "max_concurrent_helpers = 0",
                 "sandbox.max_concurrent_helpers",
+            ),
+            (
+                "max_helpers_per_session = 0",
+                "sandbox.max_helpers_per_session",
             ),
             (
                 "helper_executable = \"rel/bin\"",

@@ -90,6 +90,7 @@ impl SandboxRuntime {
                     enforcement: config.enforcement,
                 },
                 config.max_concurrent_helpers,
+                config.max_helpers_per_session,
             ),
             ignored_kinds: IgnoredKindLog::default(),
             secret_files: Vec::new(),
@@ -129,7 +130,11 @@ impl SandboxRuntime {
             argv0: resolved.clone().unwrap_or_else(|_| program.clone()),
             ..self.fs_runner.settings().clone()
         };
-        self.fs_runner = FsHelperRunner::new(settings, self.config.max_concurrent_helpers);
+        self.fs_runner = FsHelperRunner::new(
+            settings,
+            self.config.max_concurrent_helpers,
+            self.config.max_helpers_per_session,
+        );
         self.program = program;
         self.resolved = resolved;
     }
@@ -223,16 +228,18 @@ impl SandboxRuntime {
         }
     }
 
-    /// Runs one `fs/*` operation in an fs helper confined by `policy` (§4). `params` are
-    /// the request's params in the helper's form (§4.4).
+    /// Runs one `fs/*` operation of `session` in an fs helper confined by `policy` (§4),
+    /// in that session's share of the helper slots. `params` are the request's params in
+    /// the helper's form (§4.4).
     pub async fn run_fs_helper(
         &self,
+        session: &str,
         operation: &str,
         params: Box<RawValue>,
         policy: &SandboxPolicy,
     ) -> Result<Box<RawValue>, RpcError> {
         self.check_fs_enforceable()?;
-        self.fs_runner.run(operation, params, policy).await
+        self.fs_runner.run(session, operation, params, policy).await
     }
 
     /// The fs helper runner (for inspection of its command).

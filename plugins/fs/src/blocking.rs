@@ -1,20 +1,113 @@
-//! Filesystem work off the async reactor: every syscall of an `fs/*` method runs on the
-//! blocking pool, so a slow disk stalls only the request that waits for it. OS errors are
-//! mapped once, per PROTOCOL §5.3.
+//! Filesystem work off the async reactor, in a bounded and fair share of the runtime's
+//! blocking threads: every syscall of an in-process `fs/*` method runs here, so a slow
+//! disk, a dead network mount or a FIFO nobody reads stalls only the request that waits
+//! for it — and never more than its session's share.
+//!
+//! At most `fs.max_blocking_per_session` operations of one session and
+//! `fs.max_blocking_total` of all sessions run at once; further requests wait, served
+//! round-robin by session ([`FairSlots`]). An operation has `fs.operation_timeout_ms` from
+//! the moment it gets its slot: at the deadline its request is answered with an error that
+//! names the key. A thread stuck in the kernel cannot be cancelled, so its slot stays
+//! taken (counted as overdue) until the call returns — a session can stall only its own
+//! share. OS errors are mapped once, per PROTOCOL §5.3.
+
+use std::time::{Duration, Instant};
 
 use exec_server_core::proto::RpcError;
+use exec_server_core::{FairSlots, Session};
 
-/// Runs `work` on the blocking pool.
-pub(crate) async fn run<T, F>(work: F) -> Result<T, RpcError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, RpcError> + Send + 'static,
-{
-    match tokio::task::spawn_blocking(work).await {
-        Ok(result) => result,
-        Err(join) => Err(RpcError::internal(format!(
-            "filesystem task failed: {join}"
-        ))),
+use crate::config::FsConfig;
+
+/// The plugin's share of the blocking threads.
+#[derive(Debug)]
+pub(crate) struct BlockingPool {
+    /// One slot per running operation, shared round-robin by session.
+    slots: FairSlots,
+    timeout: Duration,
+}
+
+/// When an operation must be done by, and how to say that it was not.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    at: Instant,
+    method: &'static str,
+    timeout: Duration,
+}
+
+impl Deadline {
+    pub(crate) fn new(method: &'static str, timeout: Duration) -> Self {
+        Self {
+            at: Instant::now() + timeout,
+            method,
+            timeout,
+        }
+    }
+
+    pub(crate) fn instant(&self) -> Instant {
+        self.at
+    }
+
+    /// Time left; `None` once the deadline has passed.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        self.at
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+    }
+
+    /// The method's answer when it missed the deadline.
+    pub(crate) fn missed(&self) -> RpcError {
+        let ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        RpcError::fs_operation_timed_out(self.method, ms)
+    }
+}
+
+impl BlockingPool {
+    pub(crate) fn new(config: &FsConfig) -> Self {
+        Self {
+            slots: FairSlots::new(
+                "fs_blocking",
+                config.max_blocking_total,
+                config.max_blocking_per_session,
+            ),
+            timeout: Duration::from_millis(config.operation_timeout_ms),
+        }
+    }
+
+    /// Runs `work` for `method` on a blocking thread in `session`'s share, once a slot is
+    /// free; `work` gets the operation's deadline. Dropping the future gives up the wait;
+    /// once `work` runs, it runs to its end and holds its slot until then.
+    pub(crate) async fn run<T, F>(
+        &self,
+        session: &Session,
+        method: &'static str,
+        work: F,
+    ) -> Result<T, RpcError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Deadline) -> Result<T, RpcError> + Send + 'static,
+    {
+        let permit = self.slots.acquire(session.id()).await;
+        let deadline = Deadline::new(method, self.timeout);
+        let report = permit.deadline();
+        let task = tokio::task::spawn_blocking(move || {
+            let _slot = permit;
+            work(deadline)
+        });
+        match tokio::time::timeout_at(deadline.instant().into(), task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(RpcError::internal(format!(
+                "filesystem task failed: {join}"
+            ))),
+            Err(_elapsed) => {
+                report.missed();
+                tracing::debug!(
+                    session = session.id(),
+                    method,
+                    "filesystem operation missed its deadline"
+                );
+                Err(deadline.missed())
+            }
+        }
     }
 }
 
@@ -26,5 +119,93 @@ pub(crate) trait IoResultExt<T> {
 impl<T> IoResultExt<T> for std::io::Result<T> {
     fn or_rpc(self) -> Result<T, RpcError> {
         self.map_err(|e| RpcError::from_io(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Arc;
+
+    use exec_server_core::session::{Outbound, SessionRegistry};
+
+    use super::*;
+
+    fn session() -> Arc<Session> {
+        let registry = SessionRegistry::new(Duration::from_secs(30));
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        registry.create(Outbound::new(tx, None)).0
+    }
+
+    fn pool(per_session: usize, total: usize, timeout_ms: u64) -> BlockingPool {
+        BlockingPool::new(&FsConfig {
+            operation_timeout_ms: timeout_ms,
+            max_blocking_per_session: per_session,
+            max_blocking_total: total,
+            ..FsConfig::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn work_runs_and_its_errors_come_back() {
+        let pool = pool(2, 2, 60_000);
+        let session = session();
+        assert_eq!(pool.run(&session, "fs/x", |_| Ok(7)).await, Ok(7));
+        let error = pool
+            .run(&session, "fs/x", |_| -> Result<(), _> {
+                Err(RpcError::internal("boom"))
+            })
+            .await;
+        assert_eq!(error, Err(RpcError::internal("boom")));
+        assert_eq!(pool.slots.running(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stuck_call_is_answered_at_its_deadline_and_keeps_its_slot_until_it_returns() {
+        let pool = pool(1, 4, 50);
+        let (session, other) = (session(), session());
+        let (release, stuck) = mpsc::channel::<()>();
+        let answer = pool
+            .run(&session, "fs/readFile", move |_| {
+                // Stands for a call stuck in the kernel: it returns only when released.
+                let _ = stuck.recv();
+                Ok(())
+            })
+            .await;
+        assert_eq!(
+            answer,
+            Err(RpcError::fs_operation_timed_out("fs/readFile", 50))
+        );
+        assert_eq!(
+            answer.unwrap_err().message,
+            "fs/readFile timed out after 50 ms (fs.operation_timeout_ms)"
+        );
+        // The session's share is still taken; another session's is not.
+        assert_eq!(pool.slots.held_by(session.id()), 1);
+        assert_eq!(pool.run(&other, "fs/x", |_| Ok(1)).await, Ok(1));
+        let waiting = pool.run(&session, "fs/x", |_| Ok(2));
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut waiting)
+                .await
+                .is_err(),
+            "the session's next operation waits for its stuck one"
+        );
+        release.send(()).unwrap();
+        assert_eq!(waiting.await, Ok(2));
+        assert_eq!(pool.slots.running(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_deadline_is_handed_to_the_work() {
+        let pool = pool(1, 1, 60_000);
+        let left = pool
+            .run(&session(), "fs/x", |deadline| Ok(deadline.remaining()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(left <= Duration::from_secs(60) && left > Duration::from_secs(50));
+        let passed = Deadline::new("fs/x", Duration::ZERO);
+        assert_eq!(passed.remaining(), None);
     }
 }

@@ -25,7 +25,17 @@ pub struct FsConfig {
     pub max_open_handles: usize,
     /// Largest `len` of one `fs/readBlock` (§5.15).
     pub max_read_block_bytes: usize,
+    /// Deadline of one in-process operation, from the moment it gets a blocking slot.
+    pub operation_timeout_ms: u64,
+    /// Blocking operations one session runs at once; more wait for their turn.
+    pub max_blocking_per_session: usize,
+    /// Blocking operations all sessions together run at once.
+    pub max_blocking_total: usize,
 }
+
+/// Largest accepted `fs.max_blocking_total`: half the runtime's 512 blocking threads, so
+/// process spawns, searches and the sandbox runner always find threads.
+pub const MAX_BLOCKING_TOTAL_LIMIT: usize = 256;
 
 impl Default for FsConfig {
     fn default() -> Self {
@@ -38,13 +48,26 @@ impl Default for FsConfig {
             walk_response_budget_bytes: 4 * 1024 * 1024,
             max_open_handles: 128,
             max_read_block_bytes: 1024 * 1024,
+            operation_timeout_ms: 60_000,
+            max_blocking_per_session: 8,
+            max_blocking_total: 64,
         }
     }
 }
 
 impl CheckedSection for FsConfig {
-    /// Every limit must be at least 1: a zero would make its method unusable.
+    /// Every limit must be at least 1: a zero would make its method unusable. The blocking
+    /// pool must leave the runtime threads for everything else.
     fn check(&self, source: &ConfigSource, table: &str) -> Result<(), ConfigError> {
+        if self.max_blocking_total > MAX_BLOCKING_TOTAL_LIMIT {
+            return Err(source.invalid(
+                &format!("{table}.max_blocking_total"),
+                format!(
+                    "must be at most {MAX_BLOCKING_TOTAL_LIMIT}, got {}",
+                    self.max_blocking_total
+                ),
+            ));
+        }
         source.require_positive(
             table,
             &[
@@ -58,6 +81,12 @@ impl CheckedSection for FsConfig {
                 ),
                 ("max_open_handles", self.max_open_handles as u64),
                 ("max_read_block_bytes", self.max_read_block_bytes as u64),
+                ("operation_timeout_ms", self.operation_timeout_ms),
+                (
+                    "max_blocking_per_session",
+                    self.max_blocking_per_session as u64,
+                ),
+                ("max_blocking_total", self.max_blocking_total as u64),
             ],
         )
     }
@@ -80,6 +109,9 @@ mod tests {
         assert_eq!(config.walk_response_budget_bytes, 4_194_304);
         assert_eq!(config.max_open_handles, 128);
         assert_eq!(config.max_read_block_bytes, 1_048_576);
+        assert_eq!(config.operation_timeout_ms, 60_000);
+        assert_eq!(config.max_blocking_per_session, 8);
+        assert_eq!(config.max_blocking_total, 64);
     }
 
     #[test]
@@ -101,6 +133,15 @@ mod tests {
             error.0.starts_with(
                 "invalid config: fs.max_read_block_bytes must be greater than zero, got 0"
             ),
+            "{}",
+            error.0
+        );
+        let pool = ConfigSource::from_toml_str("[fs]\nmax_blocking_total = 257\n");
+        let error = exec_server_core::plugin::load_checked::<FsConfig>(&pool, "fs").unwrap_err();
+        assert!(
+            error
+                .0
+                .starts_with("invalid config: fs.max_blocking_total must be at most 256, got 257"),
             "{}",
             error.0
         );

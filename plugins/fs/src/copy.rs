@@ -1,7 +1,7 @@
 //! `fs/copy` (PROTOCOL §5.13): files by content, directories recursively, links as links.
 
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -14,14 +14,14 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
-use crate::nonblocking;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute, to_wire, FsOperation, FsState};
+use crate::{nonblocking, stream_write};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: CopyParams,
 ) -> Result<Empty, RpcError> {
     let operation = Copy {
@@ -30,7 +30,8 @@ pub(crate) async fn handle(
         recursive: params.recursive,
     };
     execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -51,8 +52,8 @@ impl FsOperation for Copy {
     type Output = ();
     const METHOD: &'static str = exec_server_core::proto::fs::COPY;
 
-    fn run(self) -> Result<(), RpcError> {
-        copy(&self.source, &self.destination, self.recursive)
+    fn run(self, deadline: Deadline) -> Result<(), RpcError> {
+        copy(&self.source, &self.destination, self.recursive, &deadline)
     }
 
     fn run_confined(self, policy: &SandboxPolicy) -> Result<(), RpcError> {
@@ -77,8 +78,14 @@ impl FsOperation for Copy {
     }
 }
 
-/// Copies `source`, examined without following a final link, to `destination`.
-pub(crate) fn copy(source: &Path, destination: &Path, recursive: bool) -> Result<(), RpcError> {
+/// Copies `source`, examined without following a final link, to `destination`. Writing
+/// into a FIFO or device waits for its reader at most until `deadline`.
+pub(crate) fn copy(
+    source: &Path,
+    destination: &Path,
+    recursive: bool,
+    deadline: &Deadline,
+) -> Result<(), RpcError> {
     let file_type = fs::symlink_metadata(source).or_rpc()?.file_type();
     if file_type.is_dir() {
         if !recursive {
@@ -88,34 +95,52 @@ pub(crate) fn copy(source: &Path, destination: &Path, recursive: bool) -> Result
         if resolve_existing(destination).or_rpc()?.starts_with(&source) {
             return Err(RpcError::copy_into_itself());
         }
-        copy_tree(&source, destination).or_rpc()
+        copy_tree(&source, destination, deadline)
     } else if file_type.is_symlink() {
         copy_link(source, destination).or_rpc()
     } else if file_type.is_file() {
-        copy_file(source, destination).or_rpc()
+        match copy_file(source, destination, deadline)? {
+            Copied::Yes => Ok(()),
+            Copied::NotARegularFile => Err(RpcError::copy_unsupported_type()),
+        }
     } else {
         Err(RpcError::copy_unsupported_type())
     }
 }
 
 /// Creates `destination` if missing and merges `source` into it. Special files are
-/// skipped; links inside the tree are never followed.
-fn copy_tree(source: &Path, destination: &Path) -> io::Result<()> {
-    fs::create_dir_all(destination)?;
-    for entry in fs::read_dir(source)? {
-        let entry = entry?;
+/// skipped (also one swapped in after the listing); links inside the tree are never
+/// followed.
+fn copy_tree(source: &Path, destination: &Path, deadline: &Deadline) -> Result<(), RpcError> {
+    fs::create_dir_all(destination).or_rpc()?;
+    for entry in fs::read_dir(source).or_rpc()? {
+        // Its request has been answered: a copy past its deadline stops rather than
+        // going on in the background.
+        if deadline.remaining().is_none() {
+            return Err(deadline.missed());
+        }
+        let entry = entry.or_rpc()?;
         let from = entry.path();
         let to = destination.join(entry.file_name());
-        let file_type = entry.file_type()?;
+        let file_type = entry.file_type().or_rpc()?;
         if file_type.is_dir() {
-            copy_tree(&from, &to)?;
+            copy_tree(&from, &to, deadline)?;
         } else if file_type.is_symlink() {
-            copy_link(&from, &to)?;
+            copy_link(&from, &to).or_rpc()?;
         } else if file_type.is_file() {
-            copy_file(&from, &to)?;
+            copy_file(&from, &to, deadline)?;
         }
     }
     Ok(())
+}
+
+/// Whether [`copy_file`] copied.
+#[derive(Debug, PartialEq, Eq)]
+enum Copied {
+    Yes,
+    /// What was opened at the source is not a regular file (it was swapped since it was
+    /// examined): nothing was read or written.
+    NotARegularFile,
 }
 
 /// A new link with the same target text; an existing destination is `EEXIST`.
@@ -125,32 +150,61 @@ fn copy_link(source: &Path, destination: &Path) -> io::Result<()> {
 
 /// Copies content and permission bits, creating or overwriting `destination`. Copying a
 /// file onto itself (the same inode, e.g. through a link) leaves it untouched rather than
-/// truncating it to nothing.
-fn copy_file(source: &Path, destination: &Path) -> io::Result<()> {
-    let from = nonblocking::open(source, OpenOptions::new().read(true), true)?;
+/// truncating it to nothing. The source is checked once opened: a FIFO swapped in after
+/// it was examined would make the read wait for a writer.
+fn copy_file(source: &Path, destination: &Path, deadline: &Deadline) -> Result<Copied, RpcError> {
+    let from = nonblocking::open(source, OpenOptions::new().read(true), true).or_rpc()?;
+    if !from.metadata().or_rpc()?.is_file() {
+        return Ok(Copied::NotARegularFile);
+    }
     let mut options = OpenOptions::new();
     options.write(true).create(true);
-    let to = nonblocking::open(destination, &mut options, true)?;
-    copy_opened(from, to)
+    let to = nonblocking::open(destination, &mut options, true).or_rpc()?;
+    copy_opened(from, to, Some(deadline))?;
+    Ok(Copied::Yes)
 }
 
-/// [`copy_file`] between opened files (both opened without waiting on a FIFO).
-pub(crate) fn copy_opened(mut from: File, mut to: File) -> io::Result<()> {
-    nonblocking::make_blocking(&from)?;
-    let from_meta = from.metadata()?;
-    nonblocking::make_blocking(&to)?;
-    let to_meta = to.metadata()?;
+/// [`copy_file`] between opened files (both opened without waiting on a FIFO; `from` a
+/// regular file). A destination that is a FIFO or device is written as its reader makes
+/// room, until `deadline`; without one (in the fs helper, which its own time-out ends) it
+/// is written like a file.
+pub(crate) fn copy_opened(
+    mut from: File,
+    mut to: File,
+    deadline: Option<&Deadline>,
+) -> Result<(), RpcError> {
+    nonblocking::make_blocking(&from).or_rpc()?;
+    let from_meta = from.metadata().or_rpc()?;
+    let to_meta = to.metadata().or_rpc()?;
     if (to_meta.dev(), to_meta.ino()) == (from_meta.dev(), from_meta.ino()) {
         return Ok(());
     }
-    if to_meta.is_file() {
-        to.set_len(0)?;
+    if let (false, Some(deadline)) = (to_meta.is_file(), deadline) {
+        return copy_into_stream(&mut from, &to, deadline);
     }
-    io::copy(&mut from, &mut to)?;
+    nonblocking::make_blocking(&to).or_rpc()?;
     if to_meta.is_file() {
-        to.set_permissions(from_meta.permissions())?;
+        to.set_len(0).or_rpc()?;
+    }
+    io::copy(&mut from, &mut to).or_rpc()?;
+    if to_meta.is_file() {
+        to.set_permissions(from_meta.permissions()).or_rpc()?;
     }
     Ok(())
+}
+
+/// Copies `from` into the non-blocking FIFO or device `to` by `deadline`.
+fn copy_into_stream(from: &mut File, to: &File, deadline: &Deadline) -> Result<(), RpcError> {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(RpcError::from_io(&e)),
+        };
+        stream_write::write_all_on_thread(to, &buffer[..n], deadline)?;
+    }
 }
 
 /// `path` with its longest existing ancestor canonicalised and the rest appended
@@ -188,7 +242,20 @@ fn resolve_existing(path: &Path) -> io::Result<PathBuf> {
 mod tests {
     use std::os::unix::fs::{symlink, PermissionsExt};
 
+    use std::time::Duration;
+
+    use exec_server_core::proto::fs::COPY;
+
     use super::*;
+
+    fn copy(source: &Path, destination: &Path, recursive: bool) -> Result<(), RpcError> {
+        super::copy(
+            source,
+            destination,
+            recursive,
+            &Deadline::new(COPY, Duration::from_secs(60)),
+        )
+    }
 
     #[test]
     fn trees_keep_links_skip_specials_and_merge() {
@@ -284,6 +351,46 @@ mod tests {
         assert_eq!(
             resolve_existing(&real.join("alias/a/b")).unwrap(),
             real.join("src/a/b")
+        );
+    }
+
+    /// A FIFO at `path` with a reader (the returned descriptor) that never reads.
+    fn fifo_with_idle_reader(path: &Path) -> File {
+        use std::os::unix::fs::OpenOptionsExt;
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_source_that_is_no_longer_a_regular_file_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let _ends = fifo_with_idle_reader(&fifo);
+        let deadline = Deadline::new(COPY, Duration::from_secs(60));
+        // What `copy` meets when the file it examined was swapped for a FIFO.
+        let copied = copy_file(&fifo, &dir.path().join("copy"), &deadline).unwrap();
+        assert_eq!(copied, Copied::NotARegularFile);
+        assert!(!dir.path().join("copy").exists());
+    }
+
+    #[test]
+    fn copying_into_a_fifo_nobody_reads_ends_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("big");
+        fs::write(&source, vec![1u8; 1 << 20]).unwrap();
+        let fifo = dir.path().join("fifo");
+        let _ends = fifo_with_idle_reader(&fifo);
+        let deadline = Deadline::new(COPY, Duration::from_millis(50));
+        assert_eq!(
+            super::copy(&source, &fifo, false, &deadline),
+            Err(RpcError::fs_operation_timed_out(COPY, 50))
         );
     }
 }

@@ -12,13 +12,13 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: CreateDirectoryParams,
 ) -> Result<Empty, RpcError> {
     let operation = CreateDirectory {
@@ -27,7 +27,8 @@ pub(crate) async fn handle(
         follow_symlinks: params.follow_symlinks.unwrap_or(true),
     };
     execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -48,7 +49,7 @@ impl FsOperation for CreateDirectory {
     type Output = ();
     const METHOD: &'static str = exec_server_core::proto::fs::CREATE_DIRECTORY;
 
-    fn run(self) -> Result<(), RpcError> {
+    fn run(self, _deadline: Deadline) -> Result<(), RpcError> {
         create_directory(&self.path, self.recursive, self.follow_symlinks).or_rpc()
     }
 

@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex};
 use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::{
     CloseParams, HandleResult, OpenParams, ReadBlockParams, ReadBlockResult, MAX_HANDLE_ID_BYTES,
+    OPEN, READ_BLOCK,
 };
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 
-use crate::blocking::{self, IoResultExt};
+use crate::blocking::IoResultExt;
 use crate::paths::host_path;
 use crate::payload::Base64Bytes;
 use crate::read_file::open_regular;
@@ -35,7 +36,10 @@ pub(crate) async fn handle_open(
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
     )?;
-    let file = blocking::run(move || open_regular(&path, true)).await?;
+    let file = config
+        .pool
+        .run(cx.session(), OPEN, move |_| open_regular(&path, true))
+        .await?;
     reservation.fill(file);
     Ok(HandleResult {
         handle_id: params.handle_id,
@@ -58,7 +62,10 @@ pub(crate) async fn handle_read_block(
         .ok_or_else(|| RpcError::unknown_handle(&params.handle_id))?;
     let reader = Arc::clone(&file);
     let (offset, len) = (params.offset, params.len);
-    match blocking::run(move || read_block(&reader, offset, len).or_rpc()).await {
+    let read = config.pool.run(cx.session(), READ_BLOCK, move |_| {
+        read_block(&reader, offset, len).or_rpc()
+    });
+    match read.await {
         Ok(chunk) => Ok(ReadBlockResult {
             eof: chunk.len() < len,
             chunk: Base64Bytes(chunk),

@@ -7,7 +7,9 @@
 //! * `helper` — the fs helper's executor and its hidden-helper registration.
 //! * `confined` — every method as the fs helper runs it: checked targets, acted on only
 //!   through descriptors opened exactly at what the policy approved.
-//! * `blocking` — runs filesystem work on the blocking pool and maps OS errors (§5.3).
+//! * `blocking` — runs filesystem work on a bounded, fair share of the blocking threads,
+//!   with a deadline per operation, and maps OS errors (§5.3).
+//! * `stream_write` — writes to FIFOs and devices that end at the deadline.
 //! * `paths` — wire paths to host paths, and host paths back to message text (§5.1).
 //! * `payload` — owned bytes serialized as base64 straight into the response.
 //! * `nonblocking` — opening files without ever waiting on a FIFO.
@@ -17,7 +19,8 @@
 //! * `handles` — `fs/open`, `fs/readBlock`, `fs/close` and the per-connection handle table.
 //!
 //! Every method decodes its params (paths included), runs its own validation, routes on
-//! `sandbox`, and only then touches the file system, on the blocking pool.
+//! `sandbox`, and only then touches the file system, in its session's share of the
+//! blocking pool or of the fs helpers.
 
 mod blocking;
 mod config;
@@ -34,6 +37,7 @@ mod read_directory;
 mod read_file;
 mod remove;
 mod routing;
+mod stream_write;
 mod walk;
 mod write_file;
 
@@ -46,6 +50,7 @@ use exec_server_core::proto::fs::{
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
 use exec_server_sandbox::SandboxRuntime;
 
+use crate::blocking::BlockingPool;
 use crate::routing::FsState;
 
 pub use config::FsConfig;
@@ -79,8 +84,10 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
         install.config_source(),
         install.core_config().limits.max_message_bytes,
     )?;
+    let config: FsConfig = install.checked_config()?;
     let config = Arc::new(FsState {
-        config: install.checked_config()?,
+        pool: BlockingPool::new(&config),
+        config,
         sandbox,
     });
     install.method_with(READ_FILE, &config, read_file::handle);

@@ -15,13 +15,13 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle_get_metadata(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: GetMetadataParams,
 ) -> Result<Metadata, RpcError> {
     let operation = GetMetadata {
@@ -29,7 +29,8 @@ pub(crate) async fn handle_get_metadata(
         follow_symlinks: params.follow_symlinks.unwrap_or(true),
     };
     execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -39,14 +40,15 @@ pub(crate) async fn handle_get_metadata(
 
 pub(crate) async fn handle_canonicalize(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: CanonicalizeParams,
 ) -> Result<PathResult, RpcError> {
     let operation = Canonicalize {
         path: host_path(&params.path)?,
     };
     let canonical = execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -68,7 +70,7 @@ impl FsOperation for GetMetadata {
     type Output = Metadata;
     const METHOD: &'static str = exec_server_core::proto::fs::GET_METADATA;
 
-    fn run(self) -> Result<Metadata, RpcError> {
+    fn run(self, _deadline: Deadline) -> Result<Metadata, RpcError> {
         metadata(&self.path, self.follow_symlinks).or_rpc()
     }
 
@@ -99,7 +101,7 @@ impl FsOperation for Canonicalize {
     type Output = PathBuf;
     const METHOD: &'static str = exec_server_core::proto::fs::CANONICALIZE;
 
-    fn run(self) -> Result<PathBuf, RpcError> {
+    fn run(self, _deadline: Deadline) -> Result<PathBuf, RpcError> {
         fs::canonicalize(&self.path).or_rpc()
     }
 

@@ -11,13 +11,13 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: ReadDirectoryParams,
 ) -> Result<ReadDirectoryResult, RpcError> {
     let operation = ReadDirectory {
@@ -25,7 +25,8 @@ pub(crate) async fn handle(
         limit: config.max_directory_entries,
     };
     let entries = execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -46,7 +47,7 @@ impl FsOperation for ReadDirectory {
     type Output = Vec<DirectoryEntry>;
     const METHOD: &'static str = exec_server_core::proto::fs::READ_DIRECTORY;
 
-    fn run(self) -> Result<Vec<DirectoryEntry>, RpcError> {
+    fn run(self, _deadline: Deadline) -> Result<Vec<DirectoryEntry>, RpcError> {
         read_directory(&self.path, self.limit)
     }
 

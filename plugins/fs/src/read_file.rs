@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use exec_server_core::proto::bytes::base64_json;
-use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult};
+use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult, READ_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::nonblocking;
 use crate::paths::{helper_path, host_path, native};
 use crate::payload::Base64Bytes;
@@ -21,7 +21,7 @@ use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: ReadFileParams,
 ) -> Result<ReadFileResult<Box<RawValue>>, RpcError> {
     let operation = ReadFile {
@@ -30,7 +30,8 @@ pub(crate) async fn handle(
         limit: config.max_read_file_bytes,
     };
     let data = execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -38,7 +39,8 @@ pub(crate) async fn handle(
     .await?;
     // Encoding a large file takes tens of milliseconds: do it off the reactor threads too,
     // so the answer is only copied, never computed, where other connections are served.
-    let data_base64 = crate::blocking::run(move || Ok(base64_json(&data))).await?;
+    let encode = move |_| Ok(base64_json(&data));
+    let data_base64 = config.pool.run(cx.session(), READ_FILE, encode).await?;
     Ok(ReadFileResult { data_base64 })
 }
 
@@ -53,9 +55,9 @@ pub(crate) struct ReadFile {
 
 impl FsOperation for ReadFile {
     type Output = Vec<u8>;
-    const METHOD: &'static str = exec_server_core::proto::fs::READ_FILE;
+    const METHOD: &'static str = READ_FILE;
 
-    fn run(self) -> Result<Vec<u8>, RpcError> {
+    fn run(self, _deadline: Deadline) -> Result<Vec<u8>, RpcError> {
         read_file(&self.path, self.follow_symlinks, self.limit)
     }
 

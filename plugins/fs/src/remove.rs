@@ -13,13 +13,13 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: RemoveParams,
 ) -> Result<Empty, RpcError> {
     // `followSymlinks` is accepted and has no effect (§5.4).
@@ -29,7 +29,8 @@ pub(crate) async fn handle(
         force: params.force.unwrap_or(true),
     };
     execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -50,7 +51,7 @@ impl FsOperation for Remove {
     type Output = ();
     const METHOD: &'static str = exec_server_core::proto::fs::REMOVE;
 
-    fn run(self) -> Result<(), RpcError> {
+    fn run(self, _deadline: Deadline) -> Result<(), RpcError> {
         remove(&self.path, self.recursive, self.force).or_rpc()
     }
 

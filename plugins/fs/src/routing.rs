@@ -3,13 +3,16 @@
 //!
 //! Every one-shot method hands its decoded and validated operation to [`execute`], and
 //! `fs/open` asks [`check_streaming`]; nothing else interprets `sandbox`. An operation
-//! that needs no enforcement runs here on the blocking pool; one that does runs in an fs
-//! helper (see `helper`), which executes [`FsOperation::run_confined`]: the same method,
+//! that needs no enforcement runs here, in the session's share of the blocking pool (see
+//! `blocking`); one that does runs in an fs helper (see `helper`), in the session's share
+//! of the helper slots, which executes [`FsOperation::run_confined`]: the same method,
 //! acting only through descriptors opened at what the policy approved.
 
+use std::future::Future;
 use std::ops::Deref;
 
 use exec_server_core::proto::RpcError;
+use exec_server_core::Session;
 use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
 use exec_server_sandbox::SandboxRuntime;
 use serde::de::DeserializeOwned;
@@ -17,13 +20,15 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::blocking;
+use crate::blocking::{BlockingPool, Deadline};
 use crate::config::FsConfig;
 
-/// The plugin's state: its limits and the sandbox it routes enforced requests to.
+/// The plugin's state: its limits, its share of the blocking threads, and the sandbox it
+/// routes enforced requests to.
 #[derive(Debug)]
 pub(crate) struct FsState {
     pub(crate) config: FsConfig,
+    pub(crate) pool: BlockingPool,
     pub(crate) sandbox: SandboxRuntime,
 }
 
@@ -43,8 +48,23 @@ pub(crate) trait FsOperation: Send + 'static {
     /// The method, which is also the helper's `operation` (SANDBOX.md §4.4).
     const METHOD: &'static str;
 
-    /// Runs the operation synchronously on the calling thread.
-    fn run(self) -> Result<Self::Output, RpcError>;
+    /// Runs the operation synchronously on the calling thread; whatever could wait on
+    /// another party (a FIFO's reader) gives up at `deadline`.
+    fn run(self, deadline: Deadline) -> Result<Self::Output, RpcError>;
+
+    /// Runs the operation in the server: [`Self::run`] on a blocking thread in `session`'s
+    /// share of `pool`. A method overrides this when part of its work can wait without a
+    /// thread.
+    fn run_in_server(
+        self,
+        pool: &BlockingPool,
+        session: &Session,
+    ) -> impl Future<Output = Result<Self::Output, RpcError>> + Send
+    where
+        Self: Sized,
+    {
+        pool.run(session, Self::METHOD, move |deadline| self.run(deadline))
+    }
 
     /// Runs the operation inside the fs helper (see `confined`): it resolves and checks
     /// its targets against `policy` itself and acts only through descriptors opened
@@ -74,22 +94,24 @@ pub(crate) fn from_wire<T: DeserializeOwned>(response: &RawValue) -> Result<T, R
     serde_json::from_str(response.get()).map_err(RpcError::fs_helper_message)
 }
 
-/// Runs `operation` as its `sandbox` (and legacy top-level `sandboxPolicy`) demands:
-/// directly, on the blocking pool, when the policy does not restrict the file system;
-/// otherwise in an fs helper that enforces the policy, or not at all when it cannot be
-/// enforced.
+/// Runs `operation` for `session` as its `sandbox` (and legacy top-level `sandboxPolicy`)
+/// demands: directly, on the blocking pool, when the policy does not restrict the file
+/// system; otherwise in an fs helper that enforces the policy, or not at all when it cannot
+/// be enforced.
 pub(crate) async fn execute<O: FsOperation>(
-    sandbox_runtime: &SandboxRuntime,
+    state: &FsState,
+    session: &Session,
     operation: O,
     sandbox: Option<&Value>,
     top_level_policy: Option<&Value>,
 ) -> Result<O::Output, RpcError> {
-    match sandbox_runtime.decide_fs(sandbox, top_level_policy)? {
-        SandboxDecision::Unsandboxed => blocking::run(move || operation.run()).await,
+    match state.sandbox.decide_fs(sandbox, top_level_policy)? {
+        SandboxDecision::Unsandboxed => operation.run_in_server(&state.pool, session).await,
         SandboxDecision::Enforce(policy) => {
             let params = to_wire(&operation.helper_params())?;
-            let response = sandbox_runtime
-                .run_fs_helper(O::METHOD, params, &policy)
+            let response = state
+                .sandbox
+                .run_fs_helper(session.id(), O::METHOD, params, &policy)
                 .await?;
             operation.output_from_wire(&response)
         }
@@ -117,6 +139,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    use exec_server_core::session::{Outbound, SessionRegistry};
     use exec_server_sandbox::SandboxConfig;
     use serde_json::json;
 
@@ -129,7 +152,7 @@ mod tests {
         type Output = ();
         const METHOD: &'static str = "fs/writeFile";
 
-        fn run(self) -> Result<(), RpcError> {
+        fn run(self, _deadline: Deadline) -> Result<(), RpcError> {
             self.0.store(true, Ordering::SeqCst);
             Ok(())
         }
@@ -158,8 +181,18 @@ mod tests {
     }
 
     async fn runs(sandbox: Option<&Value>, top_level: Option<&Value>) -> Result<bool, RpcError> {
+        let config = FsConfig::default();
+        let state = FsState {
+            pool: BlockingPool::new(&config),
+            config,
+            sandbox: runtime(),
+        };
+        let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let (session, _) = registry.create(Outbound::new(tx, None));
         let ran = Arc::new(AtomicBool::new(false));
-        execute(&runtime(), Probe(Arc::clone(&ran)), sandbox, top_level).await?;
+        let probe = Probe(Arc::clone(&ran));
+        execute(&state, &session, probe, sandbox, top_level).await?;
         Ok(ran.load(Ordering::SeqCst))
     }
 

@@ -21,14 +21,14 @@ use exec_server_core::Call;
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: WalkParams,
 ) -> Result<WalkResult, RpcError> {
     let root = host_path(&params.path)?;
@@ -39,7 +39,8 @@ pub(crate) async fn handle(
         budget_bytes: config.walk_response_budget_bytes,
     };
     execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -60,7 +61,7 @@ impl FsOperation for Walk {
     type Output = WalkResult;
     const METHOD: &'static str = exec_server_core::proto::fs::WALK;
 
-    fn run(self) -> Result<WalkResult, RpcError> {
+    fn run(self, _deadline: Deadline) -> Result<WalkResult, RpcError> {
         walk(&self.root, &self.options, self.budget_bytes)
     }
 

@@ -1,26 +1,30 @@
 //! `fs/writeFile` (PROTOCOL §5.6): creates or truncates a file and writes the given bytes.
+//!
+//! A regular file is written at once on the blocking thread that opened it. A FIFO or a
+//! device is written as its reader makes room (`stream_write`): in the server without
+//! holding a thread, and never past the operation's deadline.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use exec_server_core::proto::bytes::{decode_base64, Empty};
-use exec_server_core::proto::fs::WriteFileParams;
+use exec_server_core::proto::fs::{WriteFileParams, WRITE_FILE};
 use exec_server_core::proto::RpcError;
-use exec_server_core::Call;
+use exec_server_core::{Call, Session};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::blocking::IoResultExt;
-use crate::nonblocking;
+use crate::blocking::{BlockingPool, Deadline, IoResultExt};
 use crate::paths::{helper_path, host_path, native};
 use crate::routing::{execute, to_wire, FsOperation, FsState};
+use crate::{nonblocking, stream_write};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
-    _cx: Call,
+    cx: Call,
     params: WriteFileParams,
 ) -> Result<Empty, RpcError> {
     let path = host_path(&params.path)?;
@@ -34,7 +38,8 @@ pub(crate) async fn handle(
         follow_symlinks: params.follow_symlinks.unwrap_or(true),
     };
     execute(
-        &config.sandbox,
+        &config,
+        cx.session(),
         operation,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
@@ -53,10 +58,38 @@ pub(crate) struct WriteFile {
 
 impl FsOperation for WriteFile {
     type Output = ();
-    const METHOD: &'static str = exec_server_core::proto::fs::WRITE_FILE;
+    const METHOD: &'static str = WRITE_FILE;
 
-    fn run(self) -> Result<(), RpcError> {
-        write_file(&self.path, &self.data, self.follow_symlinks)
+    fn run(self, deadline: Deadline) -> Result<(), RpcError> {
+        write_file(&self.path, &self.data, self.follow_symlinks, &deadline)
+    }
+
+    /// Opens on a blocking thread; a FIFO or device is then written from the reactor, so
+    /// a reader that takes its time holds no thread and no slot.
+    async fn run_in_server(self, pool: &BlockingPool, session: &Session) -> Result<(), RpcError> {
+        let WriteFile {
+            path,
+            data,
+            follow_symlinks,
+        } = self;
+        let open_and_write = move |deadline| match open_for_write(&path, follow_symlinks)? {
+            WriteTarget::Regular(mut file) => file.write_all(&data).or_rpc().map(|()| None),
+            WriteTarget::Stream(file) => Ok(Some((file, data, deadline))),
+        };
+        let Some((file, data, deadline)) = pool.run(session, WRITE_FILE, open_and_write).await?
+        else {
+            return Ok(());
+        };
+        match stream_write::write_all(file, &data, deadline).await {
+            Ok(written) => written,
+            // A device that cannot be polled never makes a writer wait for long.
+            Err(file) => {
+                let write = move |deadline: Deadline| {
+                    stream_write::write_all_on_thread(&file, &data, &deadline)
+                };
+                pool.run(session, WRITE_FILE, write).await
+            }
+        }
     }
 
     fn run_confined(self, policy: &SandboxPolicy) -> Result<(), RpcError> {
@@ -81,27 +114,59 @@ impl FsOperation for WriteFile {
     }
 }
 
-/// New files get mode 0666 minus the umask; existing ones keep their mode. Opening never
-/// waits on a FIFO without a reader (that fails with `ENXIO` instead).
-pub(crate) fn write_file(path: &Path, data: &[u8], follow: bool) -> Result<(), RpcError> {
+/// What `fs/writeFile` writes to.
+#[derive(Debug)]
+pub(crate) enum WriteTarget {
+    /// A regular file, switched to blocking I/O: written at once.
+    Regular(File),
+    /// A FIFO or device, still non-blocking: its reader decides when there is room.
+    Stream(File),
+}
+
+/// Opens `path` for writing, creating or truncating it. New files get mode 0666 minus the
+/// umask; existing ones keep their mode. Opening never waits on a FIFO without a reader
+/// (that fails with `ENXIO` instead).
+pub(crate) fn open_for_write(path: &Path, follow: bool) -> Result<WriteTarget, RpcError> {
     let mut options = OpenOptions::new();
     options.write(true).create(true).truncate(true);
-    let mut file = nonblocking::open(path, &mut options, follow).map_err(|e| {
+    let file = nonblocking::open(path, &mut options, follow).map_err(|e| {
         if !follow && nonblocking::is_symlink_refusal(&e, path) {
             RpcError::is_symlink(&native(path))
         } else {
             RpcError::from_io(&e)
         }
     })?;
+    if !file.metadata().or_rpc()?.is_file() {
+        return Ok(WriteTarget::Stream(file));
+    }
     nonblocking::make_blocking(&file).or_rpc()?;
-    file.write_all(data).or_rpc()
+    Ok(WriteTarget::Regular(file))
+}
+
+/// Writes `data` to `path` on this thread; a FIFO or device gets until `deadline`.
+pub(crate) fn write_file(
+    path: &Path,
+    data: &[u8],
+    follow: bool,
+    deadline: &Deadline,
+) -> Result<(), RpcError> {
+    match open_for_write(path, follow)? {
+        WriteTarget::Regular(mut file) => file.write_all(data).or_rpc(),
+        WriteTarget::Stream(file) => stream_write::write_all_on_thread(&file, data, deadline),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
+    use std::time::Duration;
+
     use super::*;
+
+    fn deadline() -> Deadline {
+        Deadline::new(WRITE_FILE, Duration::from_secs(60))
+    }
 
     #[test]
     fn truncates_existing_files_and_keeps_their_mode() {
@@ -109,7 +174,7 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, b"a long original text").unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        write_file(&file, b"new", true).unwrap();
+        write_file(&file, b"new", true, &deadline()).unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"new");
         let mode = std::fs::metadata(&file).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
@@ -120,10 +185,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("link");
         std::os::unix::fs::symlink("target", &link).unwrap();
-        let error = write_file(&link, b"x", false).unwrap_err();
+        let error = write_file(&link, b"x", false, &deadline()).unwrap_err();
         assert_eq!(error, RpcError::is_symlink(&native(&link)));
         assert!(!dir.path().join("target").exists());
-        write_file(&link, b"x", true).unwrap();
+        write_file(&link, b"x", true, &deadline()).unwrap();
         assert_eq!(std::fs::read(dir.path().join("target")).unwrap(), b"x");
+    }
+
+    #[test]
+    fn a_fifo_without_a_reader_is_refused_and_one_nobody_reads_ends_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let error = write_file(&fifo, b"x", true, &deadline()).unwrap_err();
+        assert_eq!(error.code, -32603);
+        assert!(error.message.ends_with("(os error 6)"), "{error:?}");
+
+        use std::os::unix::fs::OpenOptionsExt;
+        let _reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let short = Deadline::new(WRITE_FILE, Duration::from_millis(50));
+        // More than a pipe holds: the rest waits for a read that never comes.
+        let error = write_file(&fifo, &vec![0u8; 1 << 20], true, &short).unwrap_err();
+        assert_eq!(error, RpcError::fs_operation_timed_out(WRITE_FILE, 50));
     }
 }

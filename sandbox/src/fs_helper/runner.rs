@@ -1,17 +1,18 @@
 //! The server side of the fs helper (SANDBOX.md §4.2, §4.6): one helper process per
 //! request, with a cleared environment, `/` as working directory, three pipes, a wall-clock
-//! limit, a cap on its output, and a bounded number of helpers alive at once.
+//! limit, a cap on its output, and a bounded number of helpers alive at once, shared
+//! fairly by sessions.
 
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use exec_server_core::FairSlots;
 use exec_server_proto::RpcError;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
-use tokio::sync::Semaphore;
 
 use super::{HelperRequest, HelperResponse, FS_HELPER_ARG1};
 use crate::policy::{Enforcement, SandboxPolicy};
@@ -39,20 +40,21 @@ pub struct FsHelperSettings {
     pub enforcement: Enforcement,
 }
 
-/// Runs fs helpers, at most `max_concurrent` at a time.
+/// Runs fs helpers, at most `max_concurrent` at a time and `per_session` for one session.
 #[derive(Debug, Clone)]
 pub struct FsHelperRunner {
     settings: Arc<FsHelperSettings>,
-    /// One permit per live helper (§3.2): bounds the processes a burst of sandboxed
-    /// requests can create. Waiting for a permit is not charged to the time-out.
-    slots: Arc<Semaphore>,
+    /// One slot per live helper (§3.2): bounds the processes a burst of sandboxed
+    /// requests can create, and takes turns by session so that one session's burst only
+    /// delays itself. Waiting for a slot is not charged to the time-out.
+    slots: FairSlots,
 }
 
 impl FsHelperRunner {
-    pub fn new(settings: FsHelperSettings, max_concurrent: usize) -> Self {
+    pub fn new(settings: FsHelperSettings, max_concurrent: usize, per_session: usize) -> Self {
         Self {
             settings: Arc::new(settings),
-            slots: Arc::new(Semaphore::new(max_concurrent)),
+            slots: FairSlots::new("fs_helpers", max_concurrent, per_session),
         }
     }
 
@@ -86,10 +88,12 @@ impl FsHelperRunner {
         command
     }
 
-    /// Runs `operation` with `params` in a helper confined by `policy`; the answer is the
-    /// operation's result or its error, or a -32603 about the helper itself (§4.6).
+    /// Runs `operation` with `params` for `session` in a helper confined by `policy`; the
+    /// answer is the operation's result or its error, or a -32603 about the helper itself
+    /// (§4.6).
     pub async fn run(
         &self,
+        session: &str,
         operation: &str,
         params: Box<RawValue>,
         policy: &SandboxPolicy,
@@ -99,11 +103,7 @@ impl FsHelperRunner {
             params,
         };
         let request = serde_json::to_vec(&request).map_err(RpcError::fs_helper_message)?;
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .expect("the helper semaphore is never closed");
+        let slot = self.slots.acquire(session).await;
         let mut child = self
             .command(policy)
             .spawn()
@@ -131,6 +131,9 @@ impl FsHelperRunner {
                 return Err(RpcError::fs_helper_response_too_large(limit));
             }
             Err(_) => {
+                // A helper stuck in the kernel dies only when its call returns; its slot
+                // is taken until it is reaped.
+                slot.deadline().missed();
                 kill_and_reap(&mut child).await;
                 return Err(RpcError::fs_helper_timed_out(millis(timeout)));
             }
@@ -140,10 +143,12 @@ impl FsHelperRunner {
             Ok(Ok(status)) => status,
             Ok(Err(e)) => return Err(RpcError::fs_helper_message(e)),
             Err(_) => {
+                slot.deadline().missed();
                 kill_and_reap(&mut child).await;
                 return Err(RpcError::fs_helper_timed_out(millis(timeout)));
             }
         };
+        drop(slot);
         interpret(operation, status, &out, &err)
     }
 }

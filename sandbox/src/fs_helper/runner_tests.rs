@@ -30,6 +30,7 @@ fn runner(program: &Path, timeout_ms: u64) -> FsHelperRunner {
             enforcement: Enforcement::Require,
         },
         2,
+        1,
     )
 }
 
@@ -46,6 +47,7 @@ async fn run_script(body: &str, timeout_ms: u64) -> Result<Box<RawValue>, RpcErr
     let program = script(dir.path(), body);
     runner(&program, timeout_ms)
         .run(
+            "session",
             "fs/readFile",
             serde_json::value::to_raw_value(&json!({"path": "/x", "sandbox": null})).unwrap(),
             &policy(),
@@ -147,4 +149,44 @@ async fn oversized_output_is_cut_off() {
         .await
         .unwrap_err();
     assert_eq!(error, RpcError::fs_helper_response_too_large(1024 * 1024));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sessions_burst_of_slow_helpers_does_not_hold_up_another_session() {
+    let dir = tempfile::tempdir().unwrap();
+    // Requests for /slow never finish on their own; the others answer at once.
+    let program = script(
+        dir.path(),
+        r#"read request
+case "$request" in *slow*) sleep 60 ;; esac
+echo '{"status":"ok","payload":{"operation":"fs/readFile","response":{"dataBase64":""}}}'"#,
+    );
+    // Two helpers at once, one per session.
+    let runner = runner(&program, 120_000);
+    let params = |path: &str| {
+        serde_json::value::to_raw_value(&json!({"path": path, "sandbox": null})).unwrap()
+    };
+    let mut burst = Vec::new();
+    for _ in 0..20 {
+        let runner = runner.clone();
+        let params = params("/slow");
+        burst.push(tokio::spawn(async move {
+            runner.run("burst", "fs/readFile", params, &policy()).await
+        }));
+    }
+    while runner.slots.held_by("burst") == 0 {
+        tokio::task::yield_now().await;
+    }
+    let answer = tokio::time::timeout(
+        Duration::from_secs(20),
+        runner.run("victim", "fs/readFile", params("/quick"), &policy()),
+    )
+    .await
+    .expect("the other session's helper ran although one session queued twenty");
+    assert_eq!(answer.unwrap().get(), r#"{"dataBase64":""}"#);
+    assert_eq!(runner.slots.held_by("burst"), 1);
+    assert_eq!(runner.slots.queued(), 19);
+    for request in burst {
+        request.abort();
+    }
 }

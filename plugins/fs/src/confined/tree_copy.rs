@@ -61,7 +61,7 @@ pub(crate) fn copy(
             if !from.metadata().or_rpc()?.is_file() {
                 return Err(RpcError::copy_unsupported_type());
             }
-            copy_opened(from, create_file(&destination)?).or_rpc()
+            copy_opened(from, create_file(&destination)?, None)
         }
         EntryKind::Other => Err(RpcError::copy_unsupported_type()),
     }
@@ -181,7 +181,7 @@ fn copy_tree(
                     .or_rpc()?;
                 // Swapped for a special file since it was listed: skipped like one.
                 if from.metadata().or_rpc()?.is_file() {
-                    copy_opened(from, create_file(&target)?).or_rpc()?;
+                    copy_opened(from, create_file(&target)?, None)?;
                 }
             }
             EntryKind::Other => {}
