@@ -111,3 +111,6 @@ impl ServerResources {
         }
     }
 }
+
+mod blocking_fs;
+mod sandbox_helpers;
