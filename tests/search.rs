@@ -353,7 +353,7 @@ async fn concurrent_searches_are_limited_and_ids_unique_per_session() {
     assert_error(
         &client.response(other).await.unwrap_err(),
         -32600,
-        "too many searches running in this session (at most 1)",
+        "session quota reached: at most 1 running searches at once (search.max_concurrent_searches)",
     );
     client
         .call("search/cancel", json!({"searchId": "busy"}))

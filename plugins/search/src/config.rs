@@ -15,6 +15,9 @@ pub struct SearchConfig {
     pub max_results_limit: u64,
     /// Searches one session may run at once.
     pub max_concurrent_searches: usize,
+    /// Searches all sessions together run at once (each holds a thread); further ones
+    /// wait for their turn, round-robin by session.
+    pub max_searches_total: usize,
     /// Longest `line` of a `search/match`, in bytes; longer lines are cut.
     pub max_line_bytes: usize,
     /// Files larger than this are not searched.
@@ -27,6 +30,7 @@ impl Default for SearchConfig {
             max_results_default: 1_000,
             max_results_limit: 100_000,
             max_concurrent_searches: 8,
+            max_searches_total: 32,
             max_line_bytes: 4_096,
             max_file_bytes: 64 * 1024 * 1024,
         }
@@ -45,6 +49,7 @@ impl CheckedSection for SearchConfig {
                     "max_concurrent_searches",
                     self.max_concurrent_searches as u64,
                 ),
+                ("max_searches_total", self.max_searches_total as u64),
                 ("max_line_bytes", self.max_line_bytes as u64),
                 ("max_file_bytes", self.max_file_bytes),
             ],
@@ -76,6 +81,7 @@ mod tests {
         assert_eq!(config.max_results_default, 1_000);
         assert_eq!(config.max_results_limit, 100_000);
         assert_eq!(config.max_concurrent_searches, 8);
+        assert_eq!(config.max_searches_total, 32);
         assert_eq!(config.max_line_bytes, 4_096);
         assert_eq!(config.max_file_bytes, 67_108_864);
     }

@@ -5,6 +5,7 @@
 //!
 //! * `wire` — method names, params, results, notifications and their error constructors.
 //! * `config` — the `[search]` table: result, concurrency, line and file-size limits.
+//! * `state` — the plugin's state: its limits and the threads searches share.
 //! * `start` — `search/start`: validation, the sandbox decision, and the forwarding task
 //!   that turns matches into notifications with back-pressure.
 //! * `cancel` — `search/cancel`.
@@ -17,12 +18,15 @@ mod config;
 mod engine;
 mod line;
 mod start;
+mod state;
 mod table;
 mod wire;
 
 use std::sync::Arc;
 
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
+
+use crate::state::SearchState;
 
 pub use config::SearchConfig;
 pub use wire::{CANCEL, DONE, FAMILY_LABEL, MATCH, START};
@@ -41,8 +45,8 @@ exec_server_core::inventory::submit! {
 }
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
-    let config: Arc<SearchConfig> = Arc::new(install.checked_config()?);
-    install.method_with(START, &config, start::handle);
+    let state = Arc::new(SearchState::new(install.checked_config()?));
+    install.method_with(START, &state, start::handle);
     install.method(CANCEL, cancel::handle);
     Ok(())
 }

@@ -1,6 +1,10 @@
 //! `search/start`: validates the request, answers `{searchId}` at once, and streams the
 //! results.
 //!
+//! A search first takes its place in the session's table (unique id, the session's quota),
+//! then waits for one of the search threads all sessions share (`state`); only then is its
+//! root checked and is it answered.
+//!
 //! Two parts run per search. The search thread (blocking pool, see `engine`) sends matches
 //! into a bounded channel of [`MATCH_QUEUE_CAPACITY`]. The forwarding task waits until the
 //! `search/start` response is queued, then turns each match into a `search/match` with
@@ -24,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::SearchConfig;
 use crate::engine::{build_matcher, build_overrides, FoundMatch, SearchEnd, SearchJob};
+use crate::state::SearchState;
 use crate::table::{RunningSearch, SessionSearches};
 use crate::wire::{
     empty_search_id, max_results_out_of_range, search_id_too_long, DoneNotification,
@@ -35,29 +40,41 @@ use crate::wire::{
 pub(crate) const MATCH_QUEUE_CAPACITY: usize = 64;
 
 pub(crate) async fn handle(
-    config: Arc<SearchConfig>,
+    state: Arc<SearchState>,
     cx: Call,
     params: StartParams,
 ) -> Result<StartResult, RpcError> {
     let root = parse_path(&params.path).map_err(|e| e.into_rpc(&params.path))?;
-    let job = validate(&config, root, &params)?;
+    let job = validate(&state, root, &params)?;
     // No helper process can confine a search, so a policy that needs enforcement is
     // refused rather than ignored.
     match decide_fs(params.sandbox.as_ref(), params.sandbox_policy.as_ref())? {
         SandboxDecision::Unsandboxed => {}
         SandboxDecision::Enforce(_) => return Err(RpcError::fs_sandbox_unenforceable()),
     }
-    check_root(&job.root).await?;
 
-    let searches = cx.session().state(SessionSearches::default);
+    let session = cx.session();
+    let searches = session.state(SessionSearches::default);
     let search = searches
-        .register(&params.search_id, config.max_concurrent_searches)
+        .register(session, &params.search_id, state.max_concurrent_searches)
         .await?;
+    let registration = Registration {
+        searches,
+        search,
+        search_id: params.search_id.clone(),
+        started: false,
+    };
+    let thread_slot = state.threads.acquire(session.id()).await;
+    check_root(&job.root).await?;
     let (found_tx, found_rx) = mpsc::channel(MATCH_QUEUE_CAPACITY);
-    let stop = search.stop.clone();
-    let thread = tokio::task::spawn_blocking(move || job.run(&stop, &found_tx));
+    let stop = registration.search.stop.clone();
+    let thread = tokio::task::spawn_blocking(move || {
+        let _slot = thread_slot;
+        job.run(&stop, &found_tx)
+    });
+    let (searches, search) = registration.started();
     tokio::spawn(forward(Forwarding {
-        session: Arc::clone(cx.session()),
+        session: Arc::clone(session),
         searches,
         search,
         search_id: params.search_id.clone(),
@@ -68,6 +85,32 @@ pub(crate) async fn handle(
     Ok(StartResult {
         search_id: params.search_id,
     })
+}
+
+/// A search registered in its session's table whose thread has not started: if the
+/// request fails or is abandoned (its connection closed while it waited for a thread),
+/// the registration is given back, freeing the id and the quota.
+struct Registration {
+    searches: Arc<SessionSearches>,
+    search: Arc<RunningSearch>,
+    search_id: String,
+    started: bool,
+}
+
+impl Registration {
+    /// The search runs: from now on the forwarding task finishes it.
+    fn started(mut self) -> (Arc<SessionSearches>, Arc<RunningSearch>) {
+        self.started = true;
+        (Arc::clone(&self.searches), Arc::clone(&self.search))
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if !self.started {
+            self.searches.finish(&self.search_id, &self.search);
+        }
+    }
 }
 
 /// Checks everything that needs no file system access, in the order the errors are

@@ -1,15 +1,23 @@
 //! The searches of one session, by `searchId`: what makes ids unique while a search runs,
-//! bounds how many run at once, and lets `search/cancel` and the session's end stop them.
+//! bounds how many run at once (the session quota [`SEARCHES`]), and lets `search/cancel`
+//! and the session's end stop them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use exec_server_core::proto::RpcError;
-use exec_server_core::SessionState;
+use exec_server_core::{Quota, QuotaLease, Session, SessionState};
 use tokio_util::sync::CancellationToken;
 
-use crate::wire::{search_already_running, too_many_searches};
+use crate::wire::search_already_running;
+
+/// Searches one session runs at once: `search.max_concurrent_searches`.
+pub(crate) static SEARCHES: Quota = Quota::new(
+    "searches",
+    "running searches",
+    "search.max_concurrent_searches",
+);
 
 /// One registered search. It stays in the table until its `search/done` is queued (or
 /// could not be sent), so its id is not reused while notifications for it may still come.
@@ -25,11 +33,19 @@ pub(crate) struct RunningSearch {
     /// Cancelled after `search/done` was queued (or could not be sent) and the entry was
     /// removed; `search/cancel` waits for it.
     pub(crate) done_queued: CancellationToken,
+    /// The search's unit of [`SEARCHES`], given back once the search thread has returned.
+    lease: Mutex<Option<QuotaLease>>,
 }
 
 impl RunningSearch {
     pub(crate) fn set_finishing(&self) {
         self.finishing.store(true, Ordering::SeqCst);
+        self.release_quota();
+    }
+
+    fn release_quota(&self) {
+        let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(lease);
     }
 
     fn is_finishing(&self) -> bool {
@@ -53,11 +69,13 @@ impl SessionState for SessionSearches {
 }
 
 impl SessionSearches {
-    /// Registers `search_id`, refusing an id that is running and a search beyond `limit`.
-    /// An id whose search has ended but whose `search/done` is still being queued is
-    /// waited for: a client may reuse an id as soon as it has seen `search/done`.
+    /// Registers `search_id` for `session`, refusing an id that is running and a search
+    /// beyond `limit` (the quota's refusal). An id whose search has ended but whose
+    /// `search/done` is still being queued is waited for: a client may reuse an id as soon
+    /// as it has seen `search/done`.
     pub(crate) async fn register(
         &self,
+        session: &Session,
         search_id: &str,
         limit: usize,
     ) -> Result<Arc<RunningSearch>, RpcError> {
@@ -68,11 +86,11 @@ impl SessionSearches {
                     Some(search) if search.is_finishing() => Arc::clone(search),
                     Some(_) => return Err(search_already_running(search_id)),
                     None => {
-                        let active = running.values().filter(|s| !s.is_finishing()).count();
-                        if active >= limit {
-                            return Err(too_many_searches(limit));
-                        }
-                        let search = Arc::new(RunningSearch::default());
+                        let lease = SEARCHES.acquire(session, limit, 1)?;
+                        let search = Arc::new(RunningSearch {
+                            lease: Mutex::new(Some(lease)),
+                            ..RunningSearch::default()
+                        });
                         running.insert(search_id.to_owned(), Arc::clone(&search));
                         return Ok(search);
                     }
@@ -90,6 +108,7 @@ impl SessionSearches {
     /// Removes `search` (and only that search, should its id have been reused since),
     /// then wakes whoever waits for its `search/done`.
     pub(crate) fn finish(&self, search_id: &str, search: &Arc<RunningSearch>) {
+        search.release_quota();
         {
             let mut running = self.lock();
             if running
@@ -109,42 +128,55 @@ impl SessionSearches {
 
 #[cfg(test)]
 mod tests {
+    use exec_server_core::session::{Outbound, SessionRegistry};
+
     use super::*;
+
+    fn session() -> Arc<Session> {
+        let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        registry.create(Outbound::new(tx, None)).0
+    }
 
     #[tokio::test]
     async fn ids_are_unique_while_running_and_free_after_done() {
+        let session = session();
         let table = SessionSearches::default();
-        let first = table.register("a", 2).await.unwrap();
+        let first = table.register(&session, "a", 2).await.unwrap();
         assert_eq!(
-            table.register("a", 2).await.unwrap_err(),
+            table.register(&session, "a", 2).await.unwrap_err(),
             search_already_running("a")
         );
         table.finish("a", &first);
         assert!(first.done_queued.is_cancelled());
         assert!(table.get("a").is_none());
-        table.register("a", 2).await.unwrap();
+        table.register(&session, "a", 2).await.unwrap();
     }
 
     #[tokio::test]
-    async fn the_limit_counts_searches_that_still_run() {
+    async fn the_quota_counts_searches_that_still_run() {
+        let session = session();
         let table = SessionSearches::default();
-        let a = table.register("a", 1).await.unwrap();
+        let a = table.register(&session, "a", 1).await.unwrap();
+        let refused = table.register(&session, "b", 1).await.unwrap_err();
         assert_eq!(
-            table.register("b", 1).await.unwrap_err(),
-            too_many_searches(1)
+            refused.message,
+            "session quota reached: at most 1 running searches at once (search.max_concurrent_searches)"
         );
         a.set_finishing();
-        table.register("b", 1).await.unwrap();
+        table.register(&session, "b", 1).await.unwrap();
+        assert_eq!(SEARCHES.used(&session), 1);
     }
 
     #[tokio::test]
     async fn reusing_a_finishing_id_waits_for_its_done() {
+        let session = session();
         let table = Arc::new(SessionSearches::default());
-        let first = table.register("a", 4).await.unwrap();
+        let first = table.register(&session, "a", 4).await.unwrap();
         first.set_finishing();
         let waiter = tokio::spawn({
-            let table = Arc::clone(&table);
-            async move { table.register("a", 4).await.map(|_| ()) }
+            let (table, session) = (Arc::clone(&table), Arc::clone(&session));
+            async move { table.register(&session, "a", 4).await.map(|_| ()) }
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
@@ -155,9 +187,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_session_end_stops_every_search() {
+        let session = session();
         let table = SessionSearches::default();
-        let a = table.register("a", 4).await.unwrap();
-        let b = table.register("b", 4).await.unwrap();
+        let a = table.register(&session, "a", 4).await.unwrap();
+        let b = table.register(&session, "b", 4).await.unwrap();
         table.session_ended();
         assert!(a.stop.is_cancelled() && b.stop.is_cancelled());
     }

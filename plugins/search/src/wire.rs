@@ -140,12 +140,6 @@ pub(crate) fn search_already_running(search_id: &str) -> RpcError {
     ))
 }
 
-pub(crate) fn too_many_searches(limit: usize) -> RpcError {
-    RpcError::invalid_request(format!(
-        "too many searches running in this session (at most {limit})"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
