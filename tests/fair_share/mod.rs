@@ -114,3 +114,4 @@ impl ServerResources {
 
 mod blocking_fs;
 mod sandbox_helpers;
+mod searches;
