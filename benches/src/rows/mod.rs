@@ -1,5 +1,6 @@
 //! Every row group, run in order. Each row measures exec-server and its floor back to back.
 
+mod fair_share;
 mod fs;
 mod memory;
 mod process;
@@ -54,6 +55,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     }
     if wanted("sandbox_read") {
         rows.push(fs::sandbox_read(budget).await);
+    }
+    if wanted("victim_alone") || wanted("victim_flood") {
+        rows.extend(fair_share::fs_victim(budget).await);
     }
     if relay {
         rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
