@@ -36,8 +36,13 @@ pub(crate) struct Deadline {
 
 impl Deadline {
     pub(crate) fn new(method: &'static str, timeout: Duration) -> Self {
+        let now = Instant::now();
+        // A configured time-out too large to add is as good as none: a year away.
+        let at = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         Self {
-            at: Instant::now() + timeout,
+            at,
             method,
             timeout,
         }
@@ -207,5 +212,7 @@ mod tests {
         assert!(left <= Duration::from_secs(60) && left > Duration::from_secs(50));
         let passed = Deadline::new("fs/x", Duration::ZERO);
         assert_eq!(passed.remaining(), None);
+        let unbounded = Deadline::new("fs/x", Duration::from_millis(u64::MAX));
+        assert!(unbounded.remaining().is_some());
     }
 }
