@@ -13,6 +13,7 @@
 //! * [`quota`] — per-session quotas: how much of a resource one session may hold.
 //! * [`fair_slots`] — bounded slots for expensive work (blocking file operations, helper
 //!   processes), shared round-robin by session.
+//! * [`worker_threads`] — threads for blocking work that never outnumber its slots.
 //! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
 //! * [`hygiene`] — process hardening run first thing: non-dumpable, secrets out of the
 //!   environment, descriptor limit raised.
@@ -31,6 +32,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod transport;
+pub mod worker_threads;
 
 pub use async_trait::async_trait;
 pub use call::{Call, Parked, ResponseQueued};
@@ -48,3 +50,4 @@ pub use quota::{Quota, QuotaLease};
 pub use router::StartupError;
 pub use server::{ConfiguredTransport, Listener, ListenerKind, ServerContext};
 pub use session::Session;
+pub use worker_threads::WorkerThreads;

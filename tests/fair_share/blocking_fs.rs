@@ -38,10 +38,10 @@ max_helpers_per_session = 2
 /// `fs.max_blocking_total` in [`CONFIG`].
 pub(super) const POOL: u64 = 32;
 
-/// Threads the server has besides its blocking file operations: the main thread, the
-/// runtime's workers, the process plugin's spawner and waiters, and blocking threads the
-/// runtime keeps idle for a while. Far below the hundreds an unbounded pool reaches.
-pub(super) const THREAD_SLACK: u64 = 24;
+/// Threads the server has besides its file workers: the main thread, the runtime's
+/// workers, the process plugin's spawner and waiters, and blocking threads the runtime
+/// keeps idle for a while. Far below the hundreds an unbounded pool reaches.
+pub(super) const THREAD_SLACK: u64 = 16;
 
 /// Sessions an abuser opens: 9 × 64 requests in flight is more than the runtime's 512
 /// blocking threads.

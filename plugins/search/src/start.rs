@@ -2,10 +2,11 @@
 //! results.
 //!
 //! A search first takes its place in the session's table (unique id, the session's quota),
-//! then waits for one of the search threads all sessions share (`state`); only then is its
-//! root checked and is it answered.
+//! then waits for one of the search threads all sessions share (`state`). On that thread
+//! it checks its root — a root that cannot be reached is the request's error — and then
+//! searches.
 //!
-//! Two parts run per search. The search thread (blocking pool, see `engine`) sends matches
+//! Two parts run per search. The search thread (see `engine`) sends matches
 //! into a bounded channel of [`MATCH_QUEUE_CAPACITY`]. The forwarding task waits until the
 //! `search/start` response is queued, then turns each match into a `search/match` with
 //! `Session::notify`, which waits for room in the client's outbound queue; so a client
@@ -16,15 +17,14 @@
 //! detached or its connection went away) stops the search: its results would be lost, and
 //! a search nobody reads should not keep a thread busy. No `search/done` is sent then.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::RpcError;
 use exec_server_core::{Call, ResponseQueued, Session};
 use exec_server_sandbox::policy::{decide_fs, SandboxDecision};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::SearchConfig;
 use crate::engine::{build_matcher, build_overrides, FoundMatch, SearchEnd, SearchJob};
@@ -64,14 +64,24 @@ pub(crate) async fn handle(
         search_id: params.search_id.clone(),
         started: false,
     };
-    let thread_slot = state.threads.acquire(session.id()).await;
-    check_root(&job.root).await?;
+    let thread_slot = state.slots.acquire(session.id()).await;
     let (found_tx, found_rx) = mpsc::channel(MATCH_QUEUE_CAPACITY);
+    let (root_tx, root_checked) = oneshot::channel();
+    let (end_tx, thread) = oneshot::channel();
     let stop = registration.search.stop.clone();
-    let thread = tokio::task::spawn_blocking(move || {
-        let _slot = thread_slot;
-        job.run(&stop, &found_tx)
+    state.threads.spawn(thread_slot, move || {
+        // A root that does not exist or cannot be reached is the request's error (mapped
+        // like `fs/*` errors), not a search that ends at once.
+        let root = std::fs::metadata(&job.root).map_err(|e| RpcError::from_io(&e));
+        let reachable = root.is_ok();
+        let _ = root_tx.send(root.map(drop));
+        if reachable {
+            let _ = end_tx.send(job.run(&stop, &found_tx));
+        }
     });
+    root_checked
+        .await
+        .unwrap_or_else(|_| Err(RpcError::internal("search task failed")))?;
     let (searches, search) = registration.started();
     tokio::spawn(forward(Forwarding {
         session: Arc::clone(session),
@@ -87,7 +97,7 @@ pub(crate) async fn handle(
     })
 }
 
-/// A search registered in its session's table whose thread has not started: if the
+/// A search registered in its session's table that has not been answered yet: if the
 /// request fails or is abandoned (its connection closed while it waited for a thread),
 /// the registration is given back, freeing the id and the quota.
 struct Registration {
@@ -108,6 +118,8 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if !self.started {
+            // A thread that already began has nobody to report to.
+            self.search.stop.cancel();
             self.searches.finish(&self.search_id, &self.search);
         }
     }
@@ -151,17 +163,6 @@ fn validate(
     })
 }
 
-/// A root that does not exist or cannot be reached is the request's error (mapped like
-/// `fs/*` errors), not a search that ends at once.
-async fn check_root(root: &Path) -> Result<(), RpcError> {
-    let root = root.to_owned();
-    match tokio::task::spawn_blocking(move || std::fs::metadata(&root)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) => Err(RpcError::from_io(&error)),
-        Err(join) => Err(RpcError::internal(format!("search task failed: {join}"))),
-    }
-}
-
 /// What the forwarding task of one search owns.
 struct Forwarding {
     session: Arc<Session>,
@@ -171,7 +172,8 @@ struct Forwarding {
     /// Notifications must follow the `search/start` response.
     response_queued: ResponseQueued,
     found: mpsc::Receiver<FoundMatch>,
-    thread: JoinHandle<SearchEnd>,
+    /// How the search thread ended; closed without a value if it panicked.
+    thread: oneshot::Receiver<SearchEnd>,
 }
 
 /// Why the forwarding loop ended.
@@ -223,13 +225,10 @@ async fn forward(mut f: Forwarding) {
     };
     // Closing the channel releases a search thread that waits for room in it.
     drop(f.found);
-    let end = match f.thread.await {
-        Ok(end) => end,
-        Err(join) => SearchEnd {
-            error: Some(format!("search task failed: {join}")),
-            ..SearchEnd::default()
-        },
-    };
+    let end = f.thread.await.unwrap_or_else(|_| SearchEnd {
+        error: Some("search task failed".to_owned()),
+        ..SearchEnd::default()
+    });
     f.search.set_finishing();
     if loop_end != LoopEnd::Undeliverable {
         let cancelled = loop_end == LoopEnd::Stopped || end.cancelled;
