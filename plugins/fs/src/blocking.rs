@@ -1,5 +1,5 @@
-//! Filesystem work off the async reactor, in a bounded and fair share of the runtime's
-//! blocking threads: every syscall of an in-process `fs/*` method runs here, so a slow
+//! Filesystem work off the async reactor, in a bounded and fair share of the plugin's
+//! worker threads: every syscall of an in-process `fs/*` method runs here, so a slow
 //! disk, a dead network mount or a FIFO nobody reads stalls only the request that waits
 //! for it — and never more than its session's share.
 //!
@@ -19,7 +19,7 @@ use exec_server_core::{FairSlots, Session, WorkerThreads};
 
 use crate::config::FsConfig;
 
-/// The plugin's share of the blocking threads.
+/// The threads in-process file operations run on, and who may use them when.
 #[derive(Debug)]
 pub(crate) struct BlockingPool {
     /// One slot per running operation, shared round-robin by session.

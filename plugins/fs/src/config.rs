@@ -33,8 +33,8 @@ pub struct FsConfig {
     pub max_blocking_total: usize,
 }
 
-/// Largest accepted `fs.max_blocking_total`: half the runtime's 512 blocking threads, so
-/// process spawns, searches and the sandbox runner always find threads.
+/// Largest accepted `fs.max_blocking_total`: every slot can become a thread of the server
+/// (one stuck in the kernel stays), so the bound is a thread budget, not a queue length.
 pub const MAX_BLOCKING_TOTAL_LIMIT: usize = 256;
 
 impl Default for FsConfig {

@@ -7,7 +7,7 @@
 //! * `helper` — the fs helper's executor and its hidden-helper registration.
 //! * `confined` — every method as the fs helper runs it: checked targets, acted on only
 //!   through descriptors opened exactly at what the policy approved.
-//! * `blocking` — runs filesystem work on a bounded, fair share of the blocking threads,
+//! * `blocking` — runs filesystem work on a bounded, fair share of worker threads,
 //!   with a deadline per operation, and maps OS errors (§5.3).
 //! * `stream_write` — writes to FIFOs and devices that end at the deadline.
 //! * `paths` — wire paths to host paths, and host paths back to message text (§5.1).
@@ -20,7 +20,7 @@
 //!
 //! Every method decodes its params (paths included), runs its own validation, routes on
 //! `sandbox`, and only then touches the file system, in its session's share of the
-//! blocking pool or of the fs helpers.
+//! worker threads or of the fs helpers.
 
 mod blocking;
 mod config;

@@ -3,7 +3,7 @@
 //!
 //! Every one-shot method hands its decoded and validated operation to [`execute`], and
 //! `fs/open` asks [`check_streaming`]; nothing else interprets `sandbox`. An operation
-//! that needs no enforcement runs here, in the session's share of the blocking pool (see
+//! that needs no enforcement runs here, in the session's share of the worker threads (see
 //! `blocking`); one that does runs in an fs helper (see `helper`), in the session's share
 //! of the helper slots, which executes [`FsOperation::run_confined`]: the same method,
 //! acting only through descriptors opened at what the policy approved.
@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::blocking::{BlockingPool, Deadline};
 use crate::config::FsConfig;
 
-/// The plugin's state: its limits, its share of the blocking threads, and the sandbox it
+/// The plugin's state: its limits, its worker threads, and the sandbox it
 /// routes enforced requests to.
 #[derive(Debug)]
 pub(crate) struct FsState {
@@ -95,7 +95,7 @@ pub(crate) fn from_wire<T: DeserializeOwned>(response: &RawValue) -> Result<T, R
 }
 
 /// Runs `operation` for `session` as its `sandbox` (and legacy top-level `sandboxPolicy`)
-/// demands: directly, on the blocking pool, when the policy does not restrict the file
+/// demands: directly, on the worker threads, when the policy does not restrict the file
 /// system; otherwise in an fs helper that enforces the policy, or not at all when it cannot
 /// be enforced.
 pub(crate) async fn execute<O: FsOperation>(
