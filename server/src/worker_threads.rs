@@ -45,7 +45,7 @@ struct Shared {
 #[derive(Default)]
 struct State {
     jobs: VecDeque<Job>,
-    /// Workers waiting for a job (including those about to take one from `jobs`).
+    /// Workers waiting for a job, or started and about to take one from `jobs`.
     available: usize,
     threads: usize,
 }
@@ -81,7 +81,10 @@ impl WorkerThreads {
             self.shared.job_ready.notify_one();
             return;
         }
+        // Counted as available at once: until it runs, the new thread is the worker that
+        // takes the job, and a job queued meanwhile must not start yet another thread.
         state.threads += 1;
+        state.available += 1;
         drop(state);
         let shared = Arc::clone(&self.shared);
         let started = std::thread::Builder::new()
@@ -89,7 +92,10 @@ impl WorkerThreads {
             .spawn(move || shared.work());
         if let Err(error) = started {
             // The job stays queued for the next worker that becomes available.
-            self.shared.lock().threads -= 1;
+            let mut state = self.shared.lock();
+            state.threads -= 1;
+            state.available -= 1;
+            drop(state);
             tracing::error!(pool = self.shared.name, %error, "cannot start a worker thread");
         }
     }
@@ -108,8 +114,8 @@ impl Shared {
 
     /// A worker's life: take jobs until none comes for [`KEEP_ALIVE`].
     fn work(&self) {
+        // `spawn` counted this worker as available.
         let mut state = self.lock();
-        state.available += 1;
         loop {
             let job = loop {
                 if let Some(job) = state.jobs.pop_front() {
