@@ -7,8 +7,8 @@
 use serde_json::json;
 
 use super::blocking_fs::{
-    assert_threads_bounded, flood, full_fifo, next_error, victim_is_served, Target, ThreadWatch,
-    CONFIG, IN_FLIGHT,
+    assert_threads_bounded, flood, full_fifo, metric, next_error, victim_is_served, Target,
+    ThreadWatch, CONFIG, IN_FLIGHT,
 };
 use crate::sandbox::{default_policy, landlock_available, Tree};
 use crate::util::b64;
@@ -47,4 +47,15 @@ async fn sandboxed_writes_to_a_fifo_leave_the_victim_served() {
         error["message"],
         "fs sandbox helper timed out after 3000 ms"
     );
+    let metrics = target.metrics().await;
+    let limit = metric(
+        &metrics,
+        "exec_server_fair_slots_limit{pool=\"fs_helpers\"}",
+    );
+    assert_eq!(limit, 16, "{metrics}");
+    let timeouts = metric(
+        &metrics,
+        "exec_server_fair_slots_timeouts_total{pool=\"fs_helpers\"}",
+    );
+    assert!(timeouts > 0, "{metrics}");
 }
