@@ -25,7 +25,7 @@ use std::sync::Arc;
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
 
 pub use config::SearchConfig;
-pub use wire::{CANCEL, DONE, FAMILY_LABEL, MATCH, START};
+pub use wire::{CANCEL, DONE, EXTENSION, FAMILY_LABEL, MATCH, START};
 
 exec_server_core::inventory::submit! {
     Plugin {
@@ -42,6 +42,7 @@ exec_server_core::inventory::submit! {
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let config: Arc<SearchConfig> = Arc::new(install.checked_config()?);
+    install.extension(EXTENSION, &[MATCH, DONE]);
     install.method_with(START, &config, start::handle);
     install.method(CANCEL, cancel::handle);
     Ok(())
