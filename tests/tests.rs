@@ -7,6 +7,7 @@ mod util;
 mod client;
 mod config;
 mod environment;
+mod environment_config;
 mod escape;
 mod fair_share;
 mod fs;

@@ -49,6 +49,20 @@ pub fn provider_id() -> &'static str {
     })
 }
 
+/// The host name (`uname -n`), if it can be read.
+pub fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`, which we own.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..end].to_vec())
+        .ok()
+        .filter(|h| !h.is_empty())
+}
+
 /// `HOME`, else the home directory in the password database.
 pub fn user_home() -> Option<PathBuf> {
     std::env::var_os("HOME")
