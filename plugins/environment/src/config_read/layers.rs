@@ -255,7 +255,7 @@ mod tests {
         let trusted_root = vec![root.clone()];
         assert!(project_dirs(&deeper, &trusted_root).is_empty());
         assert_eq!(
-            project_dirs(&deeper, &[deeper.clone()]),
+            project_dirs(&deeper, std::slice::from_ref(&deeper)),
             vec![deeper.clone()]
         );
         // An empty `.git` directory is no marker; one with HEAD is.
