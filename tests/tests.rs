@@ -17,3 +17,4 @@ mod relay;
 mod sandbox;
 mod search;
 mod websocket;
+mod ws_auth;
