@@ -5,6 +5,7 @@
 mod util;
 
 mod client;
+mod codex;
 mod config;
 mod environment;
 mod environment_config;

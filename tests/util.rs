@@ -17,8 +17,13 @@ use tokio_tungstenite::tungstenite::Message;
 /// How long any single expected message may take before a test fails.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The server binary under test: this build's, or the one `EXEC_SERVER_TEST_BIN` names
+/// (to run tests against another build, e.g. to show a new test fails on the old code).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_exec-server"))
+    std::env::var_os("EXEC_SERVER_TEST_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_exec-server")))
 }
 
 /// A command for the server binary with logs kept quiet unless `RUST_LOG` is set.

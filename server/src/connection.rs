@@ -210,6 +210,7 @@ impl Processor {
             return self.reply(&id, result).await;
         }
         let Some(route) = self.server.router.get(&method) else {
+            tracing::debug!(%method, %id, "unknown method");
             self.server.unknown_method_metrics.record(false);
             return self
                 .reply(&id, Err(RpcError::unknown_method(&method)))
