@@ -13,23 +13,37 @@ use crate::util::{http_get, server_bin, server_command, Client, WsServer, STEP_T
 
 const UPGRADE: &str = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
 
-/// An upgrade with extra headers; returns the status, the head and the body. Refusals close
-/// the connection, so the body is read to its end.
+/// An upgrade with extra headers; returns the status, the (lower-case) head and the body,
+/// read up to its `content-length` (a refusal may keep the connection open).
 pub async fn upgrade_answer(base: &str, path: &str, headers: &str) -> (u16, String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     let addr = base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{UPGRADE}{headers}\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(STEP_TIMEOUT, stream.read_to_end(&mut response))
+    let mut reader = tokio::io::BufReader::new(stream);
+    let read = async {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
+                break;
+            }
+            head.push_str(&line.to_ascii_lowercase());
+        }
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body).await.unwrap();
+        (head, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (head, body) = tokio::time::timeout(STEP_TIMEOUT, read)
         .await
-        .expect("a refusal closes the connection")
-        .unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        .expect("an answer");
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    (status, head, body)
 }
 
 /// Asserts a 401 with codex's `text/plain` body.

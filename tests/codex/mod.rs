@@ -82,6 +82,7 @@ impl CodexHome {
             .env_remove("CODEX_EXEC_SERVER_URL")
             .env_remove("OPENAI_BASE_URL")
             .env_remove("RUST_LOG")
+            .env_remove("RUST_BACKTRACE")
             .kill_on_drop(true);
         cmd
     }
