@@ -45,6 +45,7 @@ use exec_server_core::server::{open_configured_transports, open_listeners, run};
 use exec_server_core::{plugin, ServerContext, StartupError};
 
 // The inventory caveat: a crate nothing references is not linked and registers nothing.
+use exec_server_capabilities as _;
 use exec_server_environment as _;
 use exec_server_fs as _;
 use exec_server_process as _;
@@ -53,6 +54,7 @@ use exec_server_search as _;
 
 /// Plugins this library is built with, and the crate that provides each.
 pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
+    ("capabilities", "exec-server-capabilities"),
     ("environment", "exec-server-environment"),
     ("fs", "exec-server-fs"),
     ("process", "exec-server-process"),

@@ -37,7 +37,11 @@ pub const MEMBER_ORDER: [&str; 9] = [
 
 /// The flags this build turns on with every plugin enabled.
 pub fn implemented_flags() -> &'static [&'static str] {
-    &["environmentConfigRead"]
+    &[
+        "capabilityDiscoverySandbox",
+        "capabilityDiscoveryV2",
+        "environmentConfigRead",
+    ]
 }
 
 /// Positions of `names` as object keys in raw JSON `text`, which must be increasing.

@@ -4,6 +4,7 @@
 #[macro_use]
 mod util;
 
+mod capabilities;
 mod client;
 mod codex;
 mod config;
