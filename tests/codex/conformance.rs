@@ -516,3 +516,150 @@ async fn wire_limits_agree() {
         }
     }
 }
+
+/// The answers of `stdio` `side` to `requests` (after the handshake), as JSON values.
+async fn answers(
+    bench: &Bench,
+    side: Side,
+    requests: &[(&str, Value)],
+) -> Vec<Result<Value, Value>> {
+    let mut client = bench.stdio(side);
+    client.handshake().await;
+    let mut out = Vec::new();
+    for (method, params) in requests {
+        out.push(client.request(method, params.clone()).await);
+    }
+    out
+}
+
+fn write(root: &std::path::Path, relative: &str, text: &str) {
+    let path = root.join(relative);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// User and project configuration layers (the system directory is the host's `/etc/codex`
+/// for both), selected alike.
+#[tokio::test]
+async fn environment_config_layers_agree() {
+    let Some(bench) = Bench::new("environment_config_layers_agree") else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let repo = std::fs::canonicalize(work.path()).unwrap().join("repo");
+    write(&repo, ".git/HEAD", "ref: refs/heads/main\n");
+    write(
+        &repo,
+        ".codex/config.toml",
+        "[mcp_servers.repo]\ncommand = \"r\"\nargs = ['x']\n",
+    );
+    write(
+        &repo,
+        "a/b/.codex/config.toml",
+        "[mcp_servers]\nb = { command = \"b\" }\nmodel = \"m\"\n",
+    );
+    write(
+        &bench.home.codex_home(),
+        "config.toml",
+        &format!(
+            "model = \"x\" # c\n[mcp_servers.home]\ncommand = \"h\"\n[projects.\"{}\"]\ntrust_level = \"trusted\"\n",
+            repo.display()
+        ),
+    );
+    let read = |cwd: &std::path::Path, paths: Value| {
+        (
+            "environmentConfig/read",
+            json!({"cwd": format!("file://{}", cwd.display()), "configPaths": paths, "requirementsPaths": [["mcp_servers"]]}),
+        )
+    };
+    let requests = [
+        read(&repo.join("a/b"), json!([["mcp_servers"]])),
+        read(
+            &repo.join("a/b"),
+            json!([["model"], ["mcp_servers", "home"]]),
+        ),
+        read(&repo, json!([["projects"]])),
+        read(work.path(), json!([["mcp_servers"]])),
+    ];
+    let codex = answers(&bench, Side::Codex, &requests).await;
+    let ours = answers(&bench, Side::Ours, &requests).await;
+    assert_eq!(codex, ours);
+    let layers = codex[0].as_ref().unwrap()["config"]["layers"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(layers, 3, "{codex:?}");
+}
+
+/// V1 roots and V2 installed plugins and skills, answered byte for byte alike.
+#[tokio::test]
+async fn discovery_answers_agree() {
+    let Some(bench) = Bench::new("discovery_answers_agree") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let skill = |name: &str| format!("---\nname: {name}\ndescription: about {name}\n---\nbody\n");
+    write(
+        &root,
+        "plug/.codex-plugin/plugin.json",
+        "{\"name\": \"plug\"}\n",
+    );
+    write(&root, "plug/.mcp.json", "{\"mcpServers\": {}}\n");
+    write(&root, "plug/.app.json", "{}\n");
+    write(&root, "plug/skills/a/SKILL.md", &skill("a"));
+    write(&root, "plug/skills/a/agents/openai.yaml", "interface: {}\n");
+    write(&root, "plug/.hidden/b/SKILL.md", "no front matter\n");
+    write(&root, "plug/deep/er/c/SKILL.md", &skill("c"));
+    write(&root, "plug/nested/.cursor-plugin/plugin.json", "{}\n");
+    write(&root, "bare/x.txt", "x\n");
+    write(&root, "file", "x\n");
+    let codex_home = bench.home.codex_home();
+    let cache = "plugins/cache/market/tool";
+    write(
+        &codex_home,
+        &format!("{cache}/1.2.0/.codex-plugin/plugin.json"),
+        "{\"name\":\"tool\",\"version\":\"1.2.0\"}\n",
+    );
+    write(
+        &codex_home,
+        &format!("{cache}/1.10.0/.codex-plugin/plugin.json"),
+        "{\"name\":\"tool\",\"version\":\"1.10.0\"}\n",
+    );
+    write(
+        &codex_home,
+        &format!("{cache}/1.10.0/skills/t/SKILL.md"),
+        &skill("t"),
+    );
+    write(&codex_home, "skills/s1/SKILL.md", "---\nname: s1\ndescription: >-\n  folded\n  line\nmetadata:\n  short-description: short\n---\n");
+    write(
+        &codex_home,
+        "skills/nameless/SKILL.md",
+        "---\ndescription: 'quoted'\n---\n",
+    );
+    write(&codex_home, "skills/broken/SKILL.md", "nothing\n");
+    write(&bench.home.home(), ".agents/skills/u/SKILL.md", &skill("u"));
+    let uri = |relative: &str| format!("file://{}", root.join(relative).display());
+    let requests = [
+        (
+            "capabilityRoots/discoverV1",
+            json!({"roots": [
+                {"id": "plug", "path": uri("plug"), "sandbox": null},
+                {"id": "bare", "path": uri("bare")},
+                {"id": "file", "path": uri("file")},
+                {"id": "missing", "path": uri("missing")},
+            ]}),
+        ),
+        ("capabilityRoots/discoverV1", json!({"roots": []})),
+        (
+            "capabilities/discoverV2",
+            json!({"cwd": uri("bare"), "sandbox": null}),
+        ),
+    ];
+    let codex = answers(&bench, Side::Codex, &requests).await;
+    let ours = answers(&bench, Side::Ours, &requests).await;
+    assert_eq!(codex, ours);
+    let v2 = codex[2].as_ref().unwrap();
+    assert_eq!(v2["plugins"][0]["version"], "1.10.0", "{v2}");
+    assert_eq!(v2["skills"].as_array().unwrap().len(), 3, "{v2}");
+}

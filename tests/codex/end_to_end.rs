@@ -66,6 +66,7 @@ async fn codex_exec_runs_a_shell_command_through_this_server() {
     let exchanges = proxy.exchanges();
     let methods: Vec<&str> = exchanges.iter().map(|e| e.method.as_str()).collect();
     let context = format!("stdout:\n{stdout}\nstderr:\n{stderr}\nmethods: {methods:?}");
+    println!("codex called, in order: {methods:?}");
     assert!(output.status.success(), "codex exec failed\n{context}");
     assert!(stdout.contains(FINAL_TEXT), "{context}");
 

@@ -27,8 +27,10 @@ pub(crate) fn stack(layers: Vec<SourceLayer>, paths: &[Vec<String>]) -> LayerSta
 }
 
 /// The parts of `table` that some path in `paths` names (a path names a key and its whole
-/// value); `None` when nothing is named. Paths through a value that is not a table name
-/// nothing.
+/// value); `None` when nothing is named. As in codex, every table a path passes through is
+/// kept, even when the path ends in a key it lacks (`[mcp_servers]` for
+/// `mcp_servers.home` where only `mcp_servers.repo` exists); a path through a value that
+/// is not a table keeps nothing.
 pub(crate) fn select(table: &toml::Table, paths: &[Vec<String>]) -> Option<toml::Table> {
     let suffixes: Vec<&[String]> = paths.iter().map(Vec::as_slice).collect();
     select_in(table, &suffixes)
@@ -48,7 +50,8 @@ fn select_in(table: &toml::Table, paths: &[&[String]]) -> Option<toml::Table> {
         }
         if below.iter().any(|rest| rest.is_empty()) {
             kept.insert(key.clone(), value.clone());
-        } else if let Some(inner) = value.as_table().and_then(|t| select_in(t, &below)) {
+        } else if let Some(inner) = value.as_table() {
+            let inner = select_in(inner, &below).unwrap_or_default();
             kept.insert(key.clone(), toml::Value::Table(inner));
         }
     }
@@ -109,6 +112,17 @@ mod tests {
             .unwrap(),
             "[mcp_servers.deep]\ncommand = \"d\"\n"
         );
-        assert_eq!(selected(system, &[&["missing"], &[""]]), None);
+        assert_eq!(
+            selected(system, &[&["missing"], &[""], &["zeta", "q"]]),
+            None
+        );
+        assert_eq!(
+            selected(
+                "[mcp_servers.repo]\ncommand = \"r\"\n",
+                &[&["mcp_servers", "home"]]
+            )
+            .unwrap(),
+            "[mcp_servers]\n"
+        );
     }
 }
