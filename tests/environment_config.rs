@@ -267,6 +267,24 @@ async fn broken_layers_fail_with_codex_texts() {
     );
     std::fs::remove_dir(&user).unwrap();
     std::fs::write(&user, saved).unwrap();
+    // A FIFO in a project directory (which others may write) is refused, never waited on.
+    let fifo = layout.path("repo/.codex/config.toml");
+    std::fs::remove_file(&fifo).unwrap();
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path, which outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let error = client
+        .call_err("environmentConfig/read", read.clone())
+        .await;
+    assert_error(
+        &error,
+        -32603,
+        &format!(
+            "failed to load executor-local config: Failed to read project config file {0}: path `{0}` is not a file",
+            fifo.display()
+        ),
+    );
+    std::fs::remove_file(&fifo).unwrap();
     let result = client.call("environmentConfig/read", read.clone()).await;
     assert_eq!(result["config"]["layers"][0]["toml"], "model = \"x\"\n");
 }

@@ -145,9 +145,11 @@ fn block_scalar(body: &[&str], folded: bool, style: &str) -> String {
         .iter()
         .find(|l| !l.trim().is_empty())
         .map_or(0, |l| indent_of(l));
+    // Strip at most the block's indentation, and only spaces: a later line indented less
+    // keeps its text (and no slice ever cuts a character).
     let lines: Vec<&str> = body
         .iter()
-        .map(|l| if l.len() >= indent { &l[indent..] } else { "" })
+        .map(|l| &l[indent.min(indent_of(l))..])
         .collect();
     let mut text = if folded {
         let mut out = String::new();
@@ -191,6 +193,8 @@ mod tests {
         assert_eq!(literal.get("description"), Some("a\nb\n"));
         assert_eq!(literal.get("name"), Some("n"));
         assert_eq!(parse("no front matter\n"), None);
+        let uneven = parse("---\ndescription: |\n    four\n  é two\n---\n").unwrap();
+        assert_eq!(uneven.get("description"), Some("four\né two\n"));
         assert_eq!(parse("---\nname: unclosed\n"), None);
     }
 }

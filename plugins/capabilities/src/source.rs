@@ -134,7 +134,7 @@ impl Source<'_> {
                 let path = path.to_path_buf();
                 blocking(move || {
                     use std::io::Read as _;
-                    let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+                    let file = open_regular(&path)?;
                     let mut bytes = Vec::new();
                     file.take(max_bytes + 1)
                         .read_to_end(&mut bytes)
@@ -186,6 +186,22 @@ impl Source<'_> {
             .map_err(|e: RpcError| e.message)?;
         serde_json::from_str(answer.get()).map_err(|e| e.to_string())
     }
+}
+
+/// Opens `path` for reading only if it is a regular file, without following a symbolic
+/// link and without waiting on a FIFO: the tree may change between the walk and the read.
+pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let metadata = file.metadata().map_err(|e| e.to_string())?;
+    if !metadata.is_file() {
+        return Err(format!("path `{}` is not a file", path.display()));
+    }
+    Ok(file)
 }
 
 async fn blocking<T: Send + 'static>(

@@ -45,12 +45,12 @@ exec_server_core::inventory::submit! {
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let config: EnvironmentConfig = install.checked_config()?;
-    config_read::set_system_dir(config.codex_system_dir.clone());
-    let limits = Arc::new(config_read::ReadLimits {
+    let settings = Arc::new(config_read::ReadSettings {
+        system_dir: config.codex_system_dir,
         max_file_bytes: config.config_max_file_bytes,
     });
     install.capability(capability::ENVIRONMENT_CONFIG_READ, &[CONFIG_READ]);
-    install.method_with(CONFIG_READ, &limits, config_read::handle);
+    install.method_with(CONFIG_READ, &settings, config_read::handle);
     install.environment_info(INFO, host_info);
     install.method(INFO, |cx: Call, _: NoParams| async move {
         Ok::<_, RpcError>(host_info(cx.capabilities()))

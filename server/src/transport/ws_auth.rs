@@ -2,8 +2,6 @@
 //! `Authorization: Bearer` header against the configured [`WebsocketAuth`], with codex's
 //! failure texts.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use exec_server_config::ws_auth::token_digest;
@@ -153,13 +151,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Seconds since the Unix epoch, for tests that build tokens.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

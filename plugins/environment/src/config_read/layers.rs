@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use exec_server_core::proto::RpcError;
 
 use super::wire;
-use super::ReadLimits;
+use super::ReadSettings;
 
 /// Where codex keeps its configuration on this host.
 #[derive(Debug, Clone)]
@@ -31,30 +31,16 @@ pub struct CodexLayout {
 }
 
 impl CodexLayout {
-    /// The layout of the server's own environment, with the system directory of
-    /// [`set_system_dir`].
-    pub fn from_environment() -> Result<Self, RpcError> {
+    /// The layout of the server's own environment (`HOME`, `CODEX_HOME`), with the
+    /// configured system directory.
+    pub fn from_environment(system_dir: &Path) -> Result<Self, RpcError> {
         let user_home = crate::host::user_home();
         Ok(Self {
-            system_dir: system_dir(),
+            system_dir: system_dir.to_path_buf(),
             codex_home: codex_home(user_home.as_deref())?,
             user_home,
         })
     }
-}
-
-static SYSTEM_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-
-/// Sets the system directory once, at install.
-pub(crate) fn set_system_dir(dir: PathBuf) {
-    let _ = SYSTEM_DIR.set(dir);
-}
-
-fn system_dir() -> PathBuf {
-    SYSTEM_DIR
-        .get()
-        .cloned()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SYSTEM_DIR))
 }
 
 /// codex's system configuration directory on Unix.
@@ -96,7 +82,7 @@ enum Kind {
 pub(crate) fn config_layers(
     layout: &CodexLayout,
     cwd: &Path,
-    limits: &ReadLimits,
+    limits: &ReadSettings,
 ) -> Result<Vec<SourceLayer>, RpcError> {
     let mut layers = Vec::new();
     let system = layout.system_dir.join("config.toml");
@@ -145,7 +131,7 @@ pub(crate) fn config_layers(
 /// The requirements stack.
 pub(crate) fn requirements_layers(
     layout: &CodexLayout,
-    limits: &ReadLimits,
+    limits: &ReadSettings,
 ) -> Result<Vec<SourceLayer>, RpcError> {
     let file = layout.system_dir.join("requirements.toml");
     Ok(load(&file, Kind::Requirements, limits)?
@@ -208,7 +194,7 @@ fn has_git_marker(dir: &Path) -> bool {
 }
 
 /// Reads and parses one layer file: `None` when it does not exist.
-fn load(path: &Path, kind: Kind, limits: &ReadLimits) -> Result<Option<toml::Table>, RpcError> {
+fn load(path: &Path, kind: Kind, limits: &ReadSettings) -> Result<Option<toml::Table>, RpcError> {
     let project = kind == Kind::Project;
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,
@@ -222,7 +208,21 @@ fn load(path: &Path, kind: Kind, limits: &ReadLimits) -> Result<Option<toml::Tab
     if metadata.len() > limits.max_file_bytes {
         return Err(too_large());
     }
-    let file = std::fs::File::open(path).map_err(|e| wire::read_error(path, project, e))?;
+    // Project layers live in trees others may write: never wait on a FIFO swapped in
+    // after the check, and judge the file actually opened.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| wire::read_error(path, project, e))?
+    };
+    match file.metadata() {
+        Ok(opened) if opened.is_file() => {}
+        Ok(_) => return Err(wire::read_error(path, project, wire::not_a_file(path))),
+        Err(e) => return Err(wire::read_error(path, project, e)),
+    }
     let mut bytes = Vec::new();
     file.take(limits.max_file_bytes + 1)
         .read_to_end(&mut bytes)

@@ -18,30 +18,31 @@ use exec_server_core::proto::path::{parse_path, to_file_uri};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 
-pub(crate) use layers::set_system_dir;
 pub use layers::{codex_home, CodexLayout, DEFAULT_SYSTEM_DIR};
 pub use wire::{ConfigReadParams, ConfigReadResult, Layer, LayerStack};
 
 /// The method name.
 pub const METHOD: &str = "environmentConfig/read";
 
-/// Limits of one read, from `[environment]`.
+/// What a read needs from `[environment]`.
 #[derive(Debug, Clone)]
-pub struct ReadLimits {
+pub struct ReadSettings {
+    /// Where the system layers are (`environment.codex_system_dir`).
+    pub system_dir: PathBuf,
     /// Largest layer file read.
     pub max_file_bytes: u64,
 }
 
 /// Answers one `environmentConfig/read`.
 pub async fn handle(
-    limits: Arc<ReadLimits>,
+    settings: Arc<ReadSettings>,
     _cx: Call,
     params: ConfigReadParams,
 ) -> Result<ConfigReadResult, RpcError> {
     let cwd = parse_path(&params.cwd).map_err(|e| e.into_rpc(&params.cwd))?;
     wire::check_paths(&params)?;
-    let layout = CodexLayout::from_environment()?;
-    tokio::task::spawn_blocking(move || read(&layout, &limits, cwd, &params))
+    let layout = CodexLayout::from_environment(&settings.system_dir)?;
+    tokio::task::spawn_blocking(move || read(&layout, &settings, cwd, &params))
         .await
         .map_err(|e| RpcError::internal(format!("environmentConfig/read failed: {e}")))?
 }
@@ -49,7 +50,7 @@ pub async fn handle(
 /// Reads and selects every layer; runs on a blocking thread.
 pub fn read(
     layout: &CodexLayout,
-    limits: &ReadLimits,
+    limits: &ReadSettings,
     cwd: PathBuf,
     params: &ConfigReadParams,
 ) -> Result<ConfigReadResult, RpcError> {
