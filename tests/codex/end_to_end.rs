@@ -41,6 +41,13 @@ async fn codex_exec_runs_a_shell_command_through_this_server() {
     let server = WsServer::start(&[]).await;
     let proxy = RecordingProxy::start(&server.url).await;
 
+    // codex asks for its workspace-write sandbox, which this server enforces with Landlock;
+    // on a host without it the turn runs unsandboxed instead of failing closed.
+    let sandbox = if crate::sandbox::landlock_available() {
+        "workspace-write"
+    } else {
+        "danger-full-access"
+    };
     let mut cmd = home.command(&codex);
     cmd.args([
         "exec",
@@ -48,7 +55,7 @@ async fn codex_exec_runs_a_shell_command_through_this_server() {
         "--color",
         "never",
         "--sandbox",
-        "workspace-write",
+        sandbox,
         "write the marker file",
     ])
     .current_dir(&work_dir)
