@@ -36,6 +36,36 @@ pub struct Cli {
     #[arg(long = "name", value_name = "NAME")]
     pub name: Option<String>,
 
+    /// WebSocket authentication (`websocket.auth`): `capability-token` or
+    /// `signed-bearer-token`.
+    #[arg(long = "ws-auth", value_name = "MODE", value_parser = ["capability-token", "signed-bearer-token"])]
+    pub ws_auth: Option<String>,
+
+    /// Capability token file, owner-only (`websocket.bearer_token_file`).
+    #[arg(long = "ws-token-file", value_name = "PATH")]
+    pub ws_token_file: Option<PathBuf>,
+
+    /// SHA-256 of the capability token, 64 hex digits (`websocket.token_sha256`).
+    #[arg(long = "ws-token-sha256", value_name = "HEX")]
+    pub ws_token_sha256: Option<String>,
+
+    /// HS256 secret file of signed bearer tokens, owner-only, at least 32 bytes
+    /// (`websocket.shared_secret_file`).
+    #[arg(long = "ws-shared-secret-file", value_name = "PATH")]
+    pub ws_shared_secret_file: Option<PathBuf>,
+
+    /// Required `iss` of signed bearer tokens (`websocket.issuer`).
+    #[arg(long = "ws-issuer", value_name = "ISSUER")]
+    pub ws_issuer: Option<String>,
+
+    /// Required `aud` of signed bearer tokens (`websocket.audience`).
+    #[arg(long = "ws-audience", value_name = "AUDIENCE")]
+    pub ws_audience: Option<String>,
+
+    /// Clock skew allowed on `exp` and `nbf`, default 30 (`websocket.max_clock_skew_seconds`).
+    #[arg(long = "ws-max-clock-skew-seconds", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=i64::MAX as u64))]
+    pub ws_max_clock_skew_seconds: Option<u64>,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -59,9 +89,11 @@ pub enum Command {
 }
 
 impl Cli {
-    /// The flags that override configuration keys.
-    pub fn overrides(&self) -> CliOverrides {
+    /// The flags that override configuration keys. The `--ws-*` flags are checked as
+    /// codex checks them first (CODEX-0169 §3.1); the error is codex's text.
+    pub fn overrides(&self) -> Result<CliOverrides, String> {
         let mut overrides = CliOverrides::default();
+        self.websocket_auth_overrides(&mut overrides)?;
         let rendezvous = matches!(self.command, Some(Command::Rendezvous { .. }));
         if !self.listen.is_empty() && !rendezvous {
             overrides.set("server.listen", self.listen.clone());
@@ -75,6 +107,63 @@ impl Cli {
         if let Some(name) = &self.name {
             overrides.set("relay.name", name.clone());
         }
-        overrides
+        Ok(overrides)
+    }
+
+    fn websocket_auth_overrides(&self, overrides: &mut CliOverrides) -> Result<(), String> {
+        let blank = |v: &Option<String>| v.as_deref().is_none_or(|v| v.trim().is_empty());
+        let token_flags = self.ws_token_file.is_some() || self.ws_token_sha256.is_some();
+        let jwt_flags = self.ws_shared_secret_file.is_some()
+            || !blank(&self.ws_issuer)
+            || !blank(&self.ws_audience)
+            || self.ws_max_clock_skew_seconds.is_some();
+        let Some(mode) = self.ws_auth.as_deref() else {
+            if token_flags || jwt_flags {
+                return Err("websocket auth flags require `--ws-auth capability-token` or `--ws-auth signed-bearer-token`".into());
+            }
+            return Ok(());
+        };
+        if mode == "capability-token" {
+            if jwt_flags {
+                return Err("`--ws-shared-secret-file`, `--ws-issuer`, `--ws-audience`, and `--ws-max-clock-skew-seconds` require `--ws-auth signed-bearer-token`".into());
+            }
+            match (&self.ws_token_file, &self.ws_token_sha256) {
+                (Some(_), Some(_)) => {
+                    return Err("`--ws-token-file` and `--ws-token-sha256` are mutually exclusive".into())
+                }
+                (None, None) => {
+                    return Err("`--ws-token-file` or `--ws-token-sha256` is required when `--ws-auth capability-token` is set".into())
+                }
+                (Some(file), None) => overrides.set(
+                    "websocket.bearer_token_file",
+                    file.display().to_string(),
+                ),
+                (None, Some(hex)) => {
+                    if exec_server_config::ws_auth::parse_token_sha256(hex).is_none() {
+                        return Err("--ws-token-sha256 must be a 64-character hex SHA-256 digest".into());
+                    }
+                    overrides.set("websocket.token_sha256", hex.clone());
+                }
+            }
+        } else {
+            if token_flags {
+                return Err("`--ws-token-file` and `--ws-token-sha256` require `--ws-auth capability-token`, not `signed-bearer-token`".into());
+            }
+            let Some(secret) = &self.ws_shared_secret_file else {
+                return Err("`--ws-shared-secret-file` is required when `--ws-auth signed-bearer-token` is set".into());
+            };
+            overrides.set("websocket.shared_secret_file", secret.display().to_string());
+            if !blank(&self.ws_issuer) {
+                overrides.set("websocket.issuer", self.ws_issuer.clone());
+            }
+            if !blank(&self.ws_audience) {
+                overrides.set("websocket.audience", self.ws_audience.clone());
+            }
+            if let Some(skew) = self.ws_max_clock_skew_seconds {
+                overrides.set("websocket.max_clock_skew_seconds", skew);
+            }
+        }
+        overrides.set("websocket.auth", mode);
+        Ok(())
     }
 }

@@ -45,6 +45,7 @@ use exec_server_core::server::{open_configured_transports, open_listeners, run};
 use exec_server_core::{plugin, ServerContext, StartupError};
 
 // The inventory caveat: a crate nothing references is not linked and registers nothing.
+use exec_server_capabilities as _;
 use exec_server_environment as _;
 use exec_server_fs as _;
 use exec_server_process as _;
@@ -53,6 +54,7 @@ use exec_server_search as _;
 
 /// Plugins this library is built with, and the crate that provides each.
 pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
+    ("capabilities", "exec-server-capabilities"),
     ("environment", "exec-server-environment"),
     ("fs", "exec-server-fs"),
     ("process", "exec-server-process"),
@@ -107,7 +109,8 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
 
 fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
     check_linked_plugins(expected)?;
-    let source = ConfigSource::load(cli.config.as_deref(), cli.overrides())?;
+    let overrides = cli.overrides().map_err(StartupError)?;
+    let source = ConfigSource::load(cli.config.as_deref(), overrides)?;
     // No thread has started yet: the last moment secrets may be taken from the environment.
     secret_env::capture_variables_named_by(&source);
     let core = CoreConfig::from_source(&source, secret_env::secret_variable(CONNECTION_TOKEN_ENV))?;
@@ -226,6 +229,13 @@ fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
         // With no listener and no configured transport (remote mode), listen locally.
         if urls.is_empty() && configured.is_empty() {
             urls.push("ws://127.0.0.1:0".to_owned());
+        }
+        // Codex refuses an authentication mode that no WebSocket listener would use.
+        let authenticated = server.core.websocket.auth.is_some();
+        if authenticated && !urls.is_empty() && !urls.iter().any(|u| u.starts_with("ws://")) {
+            return Err(StartupError(
+                "WebSocket auth requires a WebSocket listener, not stdio".into(),
+            ));
         }
         let mut listeners = open_listeners(&urls, &server)?;
         listeners.extend(configured);

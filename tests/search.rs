@@ -43,6 +43,7 @@ async fn started(config: Option<&str>) -> Client {
         None => vec![],
     };
     let mut client = Client::stdio(&args).await;
+    client.opt_in(&["search"]);
     client.handshake().await;
     client
 }
@@ -425,6 +426,7 @@ async fn a_detached_search_stops_and_frees_its_id() {
     let (_dir, root) = big_tree(50, 1_000);
     let server = WsServer::start(&[]).await;
     let mut client = server.connect().await;
+    client.opt_in(&["search"]);
     let session = client.handshake().await;
     let start = client
         .send_request("search/start", start_params("d", &root, "needle"))
@@ -435,6 +437,7 @@ async fn a_detached_search_stops_and_frees_its_id() {
     drop(client);
 
     let mut client = server.connect().await;
+    client.opt_in(&["search"]);
     crate::handshake::retry_resume(&mut client, &session).await;
     // Whatever state the old search was in, after the cancel's answer it is gone.
     client.call("search/cancel", json!({"searchId": "d"})).await;
@@ -543,6 +546,7 @@ async fn bad_params_are_refused() {
         -32600,
         "client must call initialize before using search methods",
     );
+    client.opt_in(&["search"]);
     client.handshake().await;
 
     let uri = to_file_uri(&root);
@@ -594,4 +598,29 @@ async fn bad_params_are_refused() {
         )
         .await;
     assert_eq!(err["code"], -32004, "{err}");
+}
+
+/// Reference clients drop the connection on a notification they do not know, so a
+/// connection that did not opt in to `search` at `initialize` is refused instead of being
+/// sent `search/match` and `search/done`.
+#[tokio::test]
+async fn search_needs_the_extension_opt_in() {
+    let (_dir, root) = tree(&[("a", "needle\n")]);
+    let mut client = Client::stdio(&[]).await;
+    client.handshake().await;
+    let err = client
+        .call_err("search/start", start_params("s", &root, "needle"))
+        .await;
+    assert_error(
+        &err,
+        -32600,
+        "search/start sends `search/match` and `search/done` notifications, which this connection did not opt in to; list `search` in initialize.params.extensions",
+    );
+    // Unknown extension names are ignored, and naming `search` among them opts in.
+    let mut client = Client::stdio(&[]).await;
+    client.opt_in(&["no-such-extension", "search"]);
+    client.handshake().await;
+    let (_, matches, done) = search(&mut client, start_params("s", &root, "needle")).await;
+    assert_eq!(matches.len(), 1);
+    assert_eq!(done["matches"], 1);
 }

@@ -4,9 +4,12 @@
 #[macro_use]
 mod util;
 
+mod capabilities;
 mod client;
+mod codex;
 mod config;
 mod environment;
+mod environment_config;
 mod escape;
 mod fair_share;
 mod fs;
@@ -16,3 +19,4 @@ mod relay;
 mod sandbox;
 mod search;
 mod websocket;
+mod ws_auth;

@@ -17,8 +17,13 @@ use tokio_tungstenite::tungstenite::Message;
 /// How long any single expected message may take before a test fails.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The server binary under test: this build's, or the one `EXEC_SERVER_TEST_BIN` names
+/// (to run tests against another build, e.g. to show a new test fails on the old code).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_exec-server"))
+    std::env::var_os("EXEC_SERVER_TEST_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_exec-server")))
 }
 
 /// A command for the server binary with logs kept quiet unless `RUST_LOG` is set.
@@ -115,6 +120,9 @@ pub struct Client {
     /// Messages received while waiting for something else.
     pending: VecDeque<Value>,
     pub session_id: Option<String>,
+    /// Sent as `initialize.params.extensions` by [`Client::handshake`] and
+    /// [`Client::resume`] when not empty.
+    pub extensions: Vec<String>,
 }
 
 impl Client {
@@ -201,6 +209,7 @@ impl Client {
             next_id: 1,
             pending: VecDeque::new(),
             session_id: None,
+            extensions: Vec::new(),
         }
     }
 
@@ -330,11 +339,26 @@ impl Client {
         }
     }
 
+    /// Opts in to server extensions at the next handshake or resume.
+    pub fn opt_in(&mut self, extensions: &[&str]) {
+        self.extensions = extensions.iter().map(|e| e.to_string()).collect();
+    }
+
+    fn initialize_params(&self, resume: Option<&str>) -> Value {
+        let mut params = json!({"clientName": "tests"});
+        if let Some(session_id) = resume {
+            params["resumeSessionId"] = json!(session_id);
+        }
+        if !self.extensions.is_empty() {
+            params["extensions"] = json!(self.extensions);
+        }
+        params
+    }
+
     /// `initialize` + `initialized`; returns the session id.
     pub async fn handshake(&mut self) -> String {
-        let result = self
-            .call("initialize", json!({"clientName": "tests"}))
-            .await;
+        let params = self.initialize_params(None);
+        let result = self.call("initialize", params).await;
         self.send(json!({"method": "initialized", "params": {}}))
             .await;
         let id = result["sessionId"].as_str().unwrap().to_owned();
@@ -344,12 +368,8 @@ impl Client {
 
     /// `initialize{resumeSessionId}` + `initialized`.
     pub async fn resume(&mut self, session_id: &str) -> Result<Value, Value> {
-        let result = self
-            .request(
-                "initialize",
-                json!({"clientName": "tests", "resumeSessionId": session_id}),
-            )
-            .await;
+        let params = self.initialize_params(Some(session_id));
+        let result = self.request("initialize", params).await;
         if result.is_ok() {
             self.send(json!({"method": "initialized", "params": {}}))
                 .await;

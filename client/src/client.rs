@@ -39,6 +39,9 @@ use crate::ExecServerError;
 pub struct ClientOptions {
     /// `initialize.clientName`, for the server's logs.
     pub client_name: String,
+    /// `initialize.extensions`: the server extensions whose notifications this client
+    /// handles. This client handles only reference notifications, so none by default.
+    pub extensions: Vec<String>,
     /// Bound on opening one connection (spawn, TCP + WebSocket upgrade).
     pub connect_timeout: Duration,
     /// Bound on one `initialize` exchange.
@@ -62,6 +65,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             client_name: "exec-server-client".into(),
+            extensions: Vec::new(),
             connect_timeout: Duration::from_secs(10),
             initialize_timeout: Duration::from_secs(10),
             resume_deadline: Duration::from_secs(25),
@@ -187,6 +191,7 @@ impl ExecServerClient {
             &mut connection,
             &next_id,
             &options.client_name,
+            &options.extensions,
             None,
             options.initialize_timeout,
         )

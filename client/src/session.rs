@@ -150,6 +150,7 @@ pub(crate) async fn handshake(
     connection: &mut Connection,
     next_id: &AtomicI64,
     client_name: &str,
+    extensions: &[String],
     resume_session_id: Option<&str>,
     limit: Duration,
 ) -> Result<String, HandshakeError> {
@@ -157,6 +158,7 @@ pub(crate) async fn handshake(
     let params = InitializeParams {
         client_name: client_name.to_owned(),
         resume_session_id: resume_session_id.map(str::to_owned),
+        extensions: extensions.to_vec(),
     };
     let frame = request_frame(id, INITIALIZE, &params);
     connection
@@ -779,6 +781,7 @@ async fn resume_on(
             connection,
             &shared.next_id,
             &options.client_name,
+            &options.extensions,
             Some(session_id),
             options.initialize_timeout.min(remaining),
         )

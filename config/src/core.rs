@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::secret::{read_token_file, SecretString};
 use crate::source::{ConfigError, ConfigSource};
+use crate::ws_auth::{self, AuthKeys, WebsocketAuth, WsAuthMode, DEFAULT_MAX_CLOCK_SKEW_SECONDS};
 
 /// Environment variable that can carry the WebSocket bearer token (PROTOCOL §1.3.2).
 pub const CONNECTION_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_CONNECTION_TOKEN";
@@ -55,8 +56,22 @@ pub struct WebsocketTable {
     /// Shared secret required on the upgrade; also read from `CODEX_EXEC_SERVER_CONNECTION_TOKEN`
     /// or from `bearer_token_file`. Prints as `<redacted>`.
     pub bearer_token: Option<SecretString>,
-    /// File holding the bearer token (owner-only mode, whitespace trimmed).
+    /// File holding the bearer token (owner-only mode, whitespace trimmed); `--ws-token-file`.
     pub bearer_token_file: Option<PathBuf>,
+    /// `capability-token` or `signed-bearer-token`; unset means capability-token when a
+    /// token is configured, no authentication otherwise. `--ws-auth`.
+    pub auth: Option<WsAuthMode>,
+    /// SHA-256 of the capability token, 64 hex digits; `--ws-token-sha256`.
+    pub token_sha256: Option<String>,
+    /// HS256 secret of signed bearer tokens (owner-only, at least 32 bytes);
+    /// `--ws-shared-secret-file`.
+    pub shared_secret_file: Option<PathBuf>,
+    /// Required `iss` of signed bearer tokens; `--ws-issuer`.
+    pub issuer: Option<String>,
+    /// Required `aud` of signed bearer tokens; `--ws-audience`.
+    pub audience: Option<String>,
+    /// Clock skew allowed for `exp` and `nbf`; `--ws-max-clock-skew-seconds`.
+    pub max_clock_skew_seconds: u64,
 }
 
 impl Default for WebsocketTable {
@@ -66,6 +81,12 @@ impl Default for WebsocketTable {
             ping_interval_ms: 30_000,
             bearer_token: None,
             bearer_token_file: None,
+            auth: None,
+            token_sha256: None,
+            shared_secret_file: None,
+            issuer: None,
+            audience: None,
+            max_clock_skew_seconds: DEFAULT_MAX_CLOCK_SKEW_SECONDS,
         }
     }
 }
@@ -221,6 +242,9 @@ pub struct CoreConfig {
     pub session: SessionTable,
     pub methods: MethodsTable,
     pub plugins: BTreeMap<String, PluginSwitch>,
+    /// How WebSocket upgrades and `/metrics` are authenticated, resolved from `[websocket]`.
+    #[serde(skip)]
+    pub websocket_auth: WebsocketAuth,
 }
 
 impl CoreConfig {
@@ -242,6 +266,7 @@ impl CoreConfig {
             session: source.section("session")?,
             methods: source.section("methods")?,
             plugins: source.section("plugins")?,
+            websocket_auth: WebsocketAuth::None,
         };
         let limits = &config.limits;
         source.require_positive(
@@ -278,6 +303,22 @@ impl CoreConfig {
             config.websocket.bearer_token.take(),
             config.websocket.bearer_token_file.as_deref(),
             connection_token_env,
+        )?;
+        let websocket = &config.websocket;
+        config.websocket_auth = ws_auth::resolve(
+            source,
+            AuthKeys {
+                auth: websocket.auth,
+                token: websocket.bearer_token.as_ref(),
+                token_sha256: websocket.token_sha256.as_deref(),
+                shared_secret_file: websocket
+                    .shared_secret_file
+                    .as_deref()
+                    .filter(|p| !p.as_os_str().is_empty()),
+                issuer: websocket.issuer.as_deref(),
+                audience: websocket.audience.as_deref(),
+                max_clock_skew_seconds: websocket.max_clock_skew_seconds,
+            },
         )?;
         Ok(config)
     }

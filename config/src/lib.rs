@@ -11,12 +11,15 @@
 //! * [`source`] — layering, provenance and error formatting.
 //! * [`secret`] — the redacting [`SecretString`] and the mode-checked token file reader.
 //! * [`secret_env`] — secrets taken from the environment once, then erased from it.
+//! * [`ws_auth`] — how WebSocket upgrades are authenticated (capability token, HS256 JWT).
 
 pub mod core;
 pub mod secret;
 pub mod secret_env;
 pub mod source;
+pub mod ws_auth;
 
 pub use crate::core::{CoreConfig, ListenerTable, PluginSwitch};
 pub use crate::secret::SecretString;
 pub use crate::source::{CliOverrides, ConfigError, ConfigSource, REDACTED};
+pub use crate::ws_auth::{WebsocketAuth, WsAuthMode};

@@ -44,6 +44,7 @@ const SECRET_FILE_KEYS: &[&str] = &[
     "rendezvous.signing_key_file",
     "rendezvous.tls_key_file",
     "websocket.bearer_token_file",
+    "websocket.shared_secret_file",
 ];
 
 /// The configuration file the server read and every secret file its configuration names
@@ -257,13 +258,15 @@ mod tests {
         let source = ConfigSource::from_toml_str(
             "[relay]\ntoken_file = \"/srv/secrets/token\"\nca_file = \"/srv/ca.pem\"\n\
              [rendezvous]\nsigning_key_file = \"/srv/secrets/signing\"\n\
-             tls_cert_file = \"/srv/cert.pem\"\ntls_key_file = \"/srv/secrets/tls.key\"\n",
+             tls_cert_file = \"/srv/cert.pem\"\ntls_key_file = \"/srv/secrets/tls.key\"\n\
+             [websocket]\nshared_secret_file = \"/srv/secrets/jwt\"\n",
         );
         let mut found = secret_files(&source);
         found.sort();
         assert_eq!(
             found,
             [
+                PathBuf::from("/srv/secrets/jwt"),
                 PathBuf::from("/srv/secrets/signing"),
                 PathBuf::from("/srv/secrets/tls.key"),
                 PathBuf::from("/srv/secrets/token"),

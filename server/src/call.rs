@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use exec_server_proto::environment::Capabilities;
 use exec_server_proto::RequestId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,8 @@ pub(crate) struct ConnectionShared {
     pub(crate) closed: CancellationToken,
     /// Limits how many requests may wait (long-poll) at once: `dispatch.max_waiting_reads`.
     pub(crate) waiting: Arc<Semaphore>,
+    /// The server's capability flags (CODEX-0169 §2.2).
+    pub(crate) capabilities: Arc<Capabilities>,
 }
 
 /// The context of one request.
@@ -31,6 +34,8 @@ pub struct Call {
     /// The `dispatch.max_in_flight` permit this request holds while it executes; released
     /// by [`Call::park`] so waiting requests do not hold up others.
     pub(crate) in_flight: Option<OwnedSemaphorePermit>,
+    /// The extensions this connection opted in to at `initialize`.
+    pub(crate) extensions: Arc<[String]>,
 }
 
 /// Held while a request waits without counting against `dispatch.max_in_flight`.
@@ -59,6 +64,17 @@ impl Call {
     /// The session the connection is attached to.
     pub fn session(&self) -> &Arc<Session> {
         &self.session
+    }
+
+    /// The server's capability flags, as `environment/info` reports them.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.connection.capabilities
+    }
+
+    /// Whether this connection opted in to the extension `name` at `initialize`
+    /// (`"extensions": ["<name>"]`), so it may be sent that extension's notifications.
+    pub fn client_accepts(&self, name: &str) -> bool {
+        self.extensions.iter().any(|e| e == name)
     }
 
     /// The attach generation of this request's connection.

@@ -81,6 +81,7 @@ pub async fn serve_connection<S>(
         extensions: Extensions::default(),
         closed: CancellationToken::new(),
         waiting: Arc::new(Semaphore::new(server.core.dispatch.max_waiting_reads)),
+        capabilities: Arc::clone(server.router.capabilities()),
     });
     let mut processor = Processor {
         in_flight: Arc::new(Semaphore::new(server.core.dispatch.max_in_flight)),
@@ -89,6 +90,7 @@ pub async fn serve_connection<S>(
         info,
         shared,
         session: None,
+        extensions: Arc::from(Vec::new()),
         initialized: false,
         tasks: JoinSet::new(),
     };
@@ -105,6 +107,8 @@ struct Processor {
     shared: Arc<ConnectionShared>,
     /// The attached session and the generation this connection attached with.
     session: Option<(Arc<Session>, u64)>,
+    /// The extensions the client opted in to at `initialize`.
+    extensions: Arc<[String]>,
     /// `initialized` was accepted: the connection is in the normal phase.
     initialized: bool,
     /// `dispatch.max_in_flight`: when no permit is left the reader pauses (back-pressure).
@@ -206,6 +210,7 @@ impl Processor {
             return self.reply(&id, result).await;
         }
         let Some(route) = self.server.router.get(&method) else {
+            tracing::debug!(%method, %id, "unknown method");
             self.server.unknown_method_metrics.record(false);
             return self
                 .reply(&id, Err(RpcError::unknown_method(&method)))
@@ -245,6 +250,7 @@ impl Processor {
             connection: Arc::clone(&self.shared),
             response_queued: response_queued.clone(),
             in_flight: Some(permit),
+            extensions: Arc::clone(&self.extensions),
         };
         let outbound = self.outbound.clone();
         let span = tracing::debug_span!(
@@ -307,10 +313,14 @@ impl Processor {
             return Err(RpcError::initialize_twice());
         }
         let params: InitializeParams = decode_params(params)?;
+        let router = &self.server.router;
+        let outbound = self
+            .outbound
+            .blocking(router.blocked_notifications(&params.extensions));
         let sessions = &self.server.sessions;
         let (session, generation) = match &params.resume_session_id {
-            Some(id) => sessions.resume(id, self.outbound.clone())?,
-            None => sessions.create(self.outbound.clone()),
+            Some(id) => sessions.resume(id, outbound)?,
+            None => sessions.create(outbound),
         };
         tracing::info!(
             transport = self.info.transport,
@@ -321,7 +331,13 @@ impl Processor {
         );
         let result = InitializeResult {
             session_id: session.id().to_owned(),
+            environment_info: router.environment_info(),
         };
+        self.extensions = params
+            .extensions
+            .into_iter()
+            .filter(|name| router.has_extension(name))
+            .collect();
         self.session = Some((session, generation));
         encode_value(&result)
     }

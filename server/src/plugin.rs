@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use exec_server_config::{ConfigError, ConfigSource, CoreConfig};
+use exec_server_proto::environment::{Capabilities, EnvironmentInfo};
 use exec_server_proto::RpcError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -131,12 +132,35 @@ pub trait Method: Send + Sync + 'static {
     async fn call(&self, cx: Call, params: Value) -> Result<Box<RawValue>, RpcError>;
 }
 
+/// Builds the `environment/info` object from the server's capability flags; `initialize`
+/// carries the same object as `environmentInfo` (CODEX-0169 §2.2).
+pub type EnvironmentInfoFn = fn(&Capabilities) -> EnvironmentInfo;
+
+/// A capability flag a plugin provides, and the methods it needs: the flag is reported
+/// `true` only while every one of them is enabled.
+#[derive(Debug, Clone)]
+pub(crate) struct CapabilityDecl {
+    pub(crate) flag: &'static str,
+    pub(crate) requires: Vec<&'static str>,
+}
+
+/// An extension of ours whose notifications reference clients do not know: they are sent
+/// only to connections that named `name` in `initialize.params.extensions`.
+#[derive(Debug, Clone)]
+pub(crate) struct ExtensionDecl {
+    pub(crate) name: &'static str,
+    pub(crate) notifications: &'static [&'static str],
+}
+
 /// What `install` gets: the configuration and the place to register handlers.
 pub struct Install<'a> {
     pub(crate) plugin: &'static Plugin,
     pub(crate) source: &'a ConfigSource,
     pub(crate) core: &'a CoreConfig,
     pub(crate) handlers: Vec<(&'static str, Arc<dyn Method>)>,
+    pub(crate) capabilities: Vec<CapabilityDecl>,
+    pub(crate) extensions: Vec<ExtensionDecl>,
+    pub(crate) environment_info: Option<(&'static str, EnvironmentInfoFn)>,
     pub(crate) errors: Vec<String>,
 }
 
@@ -181,6 +205,56 @@ impl<'a> Install<'a> {
             ));
         }
         self.handlers.push((name, handler));
+    }
+
+    /// Declares that this plugin provides the capability flag `flag` (a name of
+    /// `exec_server_proto::environment::capability`) through `requires`, methods it
+    /// declares. The flag is reported `true` only while the plugin is installed and every
+    /// method in `requires` is enabled, so an operator switch turns it off with them.
+    pub fn capability(&mut self, flag: &'static str, requires: &[&'static str]) {
+        if !Capabilities::is_known(flag) {
+            self.errors.push(format!(
+                "plugin `{}` provides the unknown capability flag `{flag}`",
+                self.plugin.name
+            ));
+        }
+        for method in requires {
+            if !self.plugin.methods.iter().any(|m| m.name == *method) {
+                self.errors.push(format!(
+                    "plugin `{}` ties capability `{flag}` to `{method}`, which it does not declare",
+                    self.plugin.name
+                ));
+            }
+        }
+        self.capabilities.push(CapabilityDecl {
+            flag,
+            requires: requires.to_vec(),
+        });
+    }
+
+    /// Declares an extension: notifications reference clients do not know, which the core
+    /// sends only to connections that opted in to `name` at `initialize`
+    /// (`"extensions": ["<name>"]`). [`crate::Session::notify`] drops them silently for
+    /// every other connection; a method that starts such a stream should check
+    /// [`crate::Call::client_accepts`] first and refuse.
+    pub fn extension(&mut self, name: &'static str, notifications: &'static [&'static str]) {
+        self.extensions.push(ExtensionDecl {
+            name,
+            notifications,
+        });
+    }
+
+    /// Declares that `method` (one of this plugin's) answers the `environment/info` object
+    /// built by `describe`; `initialize` then carries the same object as
+    /// `environmentInfo` while `method` is enabled.
+    pub fn environment_info(&mut self, method: &'static str, describe: EnvironmentInfoFn) {
+        if !self.plugin.methods.iter().any(|m| m.name == method) {
+            self.errors.push(format!(
+                "plugin `{}` describes the environment through `{method}`, which it does not declare",
+                self.plugin.name
+            ));
+        }
+        self.environment_info = Some((method, describe));
     }
 
     /// Registers a typed handler: params decode from JSON as `P` (-32602 with the decoder's

@@ -6,15 +6,16 @@
 //! methods` can print it. [`Router::install`] then runs the `install` function of every
 //! enabled plugin and attaches handlers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use exec_server_config::core::CORE_TABLES;
 use exec_server_config::{ConfigError, ConfigSource, CoreConfig};
+use exec_server_proto::environment::Capabilities;
 use exec_server_proto::initialize::{INITIALIZE, INITIALIZED};
 
 use crate::metrics;
-use crate::plugin::{Install, Method, Plugin};
+use crate::plugin::{CapabilityDecl, EnvironmentInfoFn, ExtensionDecl, Install, Method, Plugin};
 
 /// Why the server cannot start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +217,12 @@ impl RequestMetrics {
 /// The installed method table.
 pub struct Router {
     routes: HashMap<&'static str, Route>,
+    /// The flags installed plugins provide whose methods are all enabled.
+    capabilities: Arc<Capabilities>,
+    /// Every extension notification of an installed plugin → its extension's name.
+    extension_notifications: HashMap<&'static str, &'static str>,
+    /// Builds `environmentInfo`, while the method that answers it is enabled.
+    environment_info: Option<EnvironmentInfoFn>,
 }
 
 impl Router {
@@ -226,6 +233,9 @@ impl Router {
         core: &CoreConfig,
     ) -> Result<Self, StartupError> {
         let mut routes = HashMap::new();
+        let mut capability_decls: Vec<CapabilityDecl> = Vec::new();
+        let mut extension_decls: Vec<ExtensionDecl> = Vec::new();
+        let mut environment_info: Option<(&'static str, EnvironmentInfoFn)> = None;
         for &(plugin, enabled) in &plan.plugins {
             let mut handlers = HashMap::new();
             if enabled {
@@ -234,6 +244,9 @@ impl Router {
                     source,
                     core,
                     handlers: Vec::new(),
+                    capabilities: Vec::new(),
+                    extensions: Vec::new(),
+                    environment_info: None,
                     errors: Vec::new(),
                 };
                 (plugin.install)(&mut install).map_err(|e| {
@@ -243,6 +256,17 @@ impl Router {
                     return Err(StartupError(error));
                 }
                 handlers = install.handlers.into_iter().collect();
+                capability_decls.extend(install.capabilities);
+                extension_decls.extend(install.extensions);
+                if let Some(describe) = install.environment_info {
+                    if environment_info.is_some() {
+                        return Err(StartupError(format!(
+                            "plugin `{}` describes the environment, which another plugin already does",
+                            plugin.name
+                        )));
+                    }
+                    environment_info = Some(describe);
+                }
                 tracing::debug!(plugin = plugin.name, "plugin installed");
             }
             for method in plugin.methods {
@@ -269,12 +293,68 @@ impl Router {
                 );
             }
         }
-        Ok(Self { routes })
+        let enabled = |method: &str| {
+            routes
+                .get(method)
+                .is_some_and(|r: &Route| r.handler.is_some())
+        };
+        let mut capabilities = Capabilities::default();
+        for decl in &capability_decls {
+            if decl.requires.iter().all(|m| enabled(m)) {
+                capabilities.enable(decl.flag);
+            }
+        }
+        let mut extension_notifications = HashMap::new();
+        for decl in &extension_decls {
+            for notification in decl.notifications {
+                if let Some(other) = extension_notifications.insert(*notification, decl.name) {
+                    return Err(StartupError(format!(
+                        "notification `{notification}` belongs to both extension `{other}` and `{}`",
+                        decl.name
+                    )));
+                }
+            }
+        }
+        let environment_info = environment_info
+            .filter(|(method, _)| enabled(method))
+            .map(|(_, describe)| describe);
+        Ok(Self {
+            routes,
+            capabilities: Arc::new(capabilities),
+            extension_notifications,
+            environment_info,
+        })
     }
 
     /// The route of `method`, if any plugin declares it.
     pub fn get(&self, method: &str) -> Option<&Route> {
         self.routes.get(method)
+    }
+
+    /// The capability flags in force (CODEX-0169 §2.2).
+    pub fn capabilities(&self) -> &Arc<Capabilities> {
+        &self.capabilities
+    }
+
+    /// The `environmentInfo` member of `initialize`, if a plugin describes the environment
+    /// and its method is enabled.
+    pub fn environment_info(&self) -> Option<exec_server_proto::environment::EnvironmentInfo> {
+        self.environment_info
+            .map(|describe| describe(&self.capabilities))
+    }
+
+    /// The extension notifications a client that opted in to `accepted` must not get.
+    pub fn blocked_notifications(&self, accepted: &[String]) -> HashSet<&'static str> {
+        self.extension_notifications
+            .iter()
+            .filter(|(_, extension)| !accepted.iter().any(|a| a == *extension))
+            .map(|(notification, _)| *notification)
+            .collect()
+    }
+
+    /// Whether any installed plugin declares the extension `name`.
+    pub fn has_extension(&self, name: &str) -> bool {
+        self.extension_notifications.values().any(|e| *e == name)
     }
 }
 

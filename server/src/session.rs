@@ -5,7 +5,7 @@
 //! expired after `session.detached_ttl_ms`. Plugins keep per-session state in it and send
 //! notifications through it, to whichever connection it is attached to at that moment.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,11 +24,26 @@ pub struct Outbound {
     pub(crate) tx: mpsc::Sender<String>,
     /// Largest message this connection may send (relay streams only, PROTOCOL §2.5).
     pub(crate) max_bytes: Option<usize>,
+    /// Extension notifications this connection did not opt in to: never sent to it,
+    /// because reference clients drop the connection on a notification they do not know.
+    pub(crate) blocked: Arc<HashSet<&'static str>>,
 }
 
 impl Outbound {
     pub fn new(tx: mpsc::Sender<String>, max_bytes: Option<usize>) -> Self {
-        Self { tx, max_bytes }
+        Self {
+            tx,
+            max_bytes,
+            blocked: Arc::default(),
+        }
+    }
+
+    /// The same queue, refusing the notifications in `blocked`.
+    pub(crate) fn blocking(&self, blocked: HashSet<&'static str>) -> Self {
+        Self {
+            blocked: Arc::new(blocked),
+            ..self.clone()
+        }
     }
 }
 
@@ -110,12 +125,19 @@ impl Session {
 
     /// Sends a notification to the attached connection, waiting for room in its outbound
     /// queue (back-pressure). Returns `false` when nothing was sent: the session is
-    /// detached (notifications are not produced then, PROTOCOL §3.4) or the connection
-    /// went away.
+    /// detached (notifications are not produced then, PROTOCOL §3.4), the connection went
+    /// away, or the notification belongs to an extension the connection did not opt in to.
     pub async fn notify<P: Serialize + ?Sized>(&self, method: &str, params: &P) -> bool {
         let Some(outbound) = self.lock().outbound.clone() else {
             return false;
         };
+        if outbound.blocked.contains(method) {
+            tracing::debug!(
+                method,
+                "extension notification withheld: the client did not opt in"
+            );
+            return false;
+        }
         let frame = match encode_notification(method, params) {
             Ok(frame) => frame,
             Err(e) => {
@@ -320,5 +342,17 @@ mod tests {
         );
         registry.detach(&session, generation);
         assert!(!session.notify("a/b", &serde_json::json!({})).await);
+    }
+
+    #[tokio::test]
+    async fn extension_notifications_reach_only_connections_that_opted_in() {
+        let registry = SessionRegistry::new(Duration::from_secs(30));
+        let (out, mut rx) = outbound();
+        let blocked = out.blocking(HashSet::from(["ext/event"]));
+        let (session, _) = registry.create(blocked);
+        assert!(!session.notify("ext/event", &serde_json::json!({})).await);
+        assert!(session.notify("a/b", &serde_json::json!({})).await);
+        assert_eq!(rx.recv().await.unwrap(), r#"{"method":"a/b","params":{}}"#);
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -1,21 +1,33 @@
-//! The `environment/*` plugin (PROTOCOL §6): `environment/info` describes the host as the
-//! server sees it, `environment/status` is a cheap liveness probe.
+//! The `environment/*` plugin (PROTOCOL §6, CODEX-0169 §2.2, §2.5): `environment/info`
+//! describes the host as the server sees it (and `initialize` carries the same object),
+//! `environment/status` is a cheap liveness probe, and `environmentConfig/read` returns
+//! selected keys of the host's own codex configuration layers.
 //!
 //! It is written only against the public plugin API, like any third-party family.
+//!
+//! * `host` — the `environment/info` object: shell, home, temporary directories, build
+//!   identity.
+//! * `config` — the `[environment]` table.
+//! * `config_read` — `environmentConfig/read`.
 
-use std::ffi::{CStr, OsString};
-use std::os::unix::ffi::OsStringExt;
-use std::path::{Path, PathBuf};
+mod config;
+pub mod config_read;
+mod host;
 
-use exec_server_core::proto::environment::{
-    Capabilities, EnvironmentInfo, EnvironmentStatus, ShellInfo,
-};
-use exec_server_core::proto::path::to_file_uri;
+use std::sync::Arc;
+
+use exec_server_core::proto::environment::{capability, EnvironmentStatus};
 use exec_server_core::proto::RpcError;
-use exec_server_core::{Call, Install, InstallError, MethodDecl, NoParams, Plugin};
+use exec_server_core::{
+    checked_section, Call, Install, InstallError, MethodDecl, NoParams, Plugin,
+};
+
+pub use config::EnvironmentConfig;
+pub use host::host_info;
 
 pub const INFO: &str = "environment/info";
 pub const STATUS: &str = "environment/status";
+pub use config_read::METHOD as CONFIG_READ;
 
 exec_server_core::inventory::submit! {
     Plugin {
@@ -24,15 +36,24 @@ exec_server_core::inventory::submit! {
         methods: &[
             MethodDecl { name: INFO, family: "environment info" },
             MethodDecl { name: STATUS, family: "environment status" },
+            MethodDecl { name: CONFIG_READ, family: "environment config" },
         ],
-        config: None,
+        config: Some(checked_section::<EnvironmentConfig>),
         install,
     }
 }
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
-    install.method(INFO, |_: Call, _: NoParams| async {
-        Ok::<_, RpcError>(host_info())
+    let config: EnvironmentConfig = install.checked_config()?;
+    let settings = Arc::new(config_read::ReadSettings {
+        system_dir: config.codex_system_dir,
+        max_file_bytes: config.config_max_file_bytes,
+    });
+    install.capability(capability::ENVIRONMENT_CONFIG_READ, &[CONFIG_READ]);
+    install.method_with(CONFIG_READ, &settings, config_read::handle);
+    install.environment_info(INFO, host_info);
+    install.method(INFO, |cx: Call, _: NoParams| async move {
+        Ok::<_, RpcError>(host_info(cx.capabilities()))
     });
     install.method(STATUS, |_: Call, _: NoParams| async {
         Ok::<_, RpcError>(EnvironmentStatus {
@@ -40,89 +61,4 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
         })
     });
     Ok(())
-}
-
-/// Gathers `environment/info` afresh on every call: the answer is cheap and the host's
-/// environment may change under a long-running server.
-pub fn host_info() -> EnvironmentInfo {
-    let cwd = std::env::current_dir().ok();
-    let tmpdir = std::env::var_os("TMPDIR")
-        .filter(|v| !v.is_empty())
-        .map(|v| absolute(PathBuf::from(v), cwd.as_deref()));
-    EnvironmentInfo {
-        shell: user_shell(),
-        cwd: cwd.as_deref().map(to_file_uri),
-        temporary_directories: tmpdir.iter().map(|p| to_file_uri(p)).collect(),
-        temp_dir: Some(to_file_uri(tmpdir.as_deref().unwrap_or(Path::new("/tmp")))),
-        capabilities: Capabilities::default(),
-    }
-}
-
-fn absolute(path: PathBuf, cwd: Option<&Path>) -> PathBuf {
-    match cwd {
-        Some(cwd) if path.is_relative() => cwd.join(path),
-        _ => path,
-    }
-}
-
-const KNOWN_SHELLS: [&str; 3] = ["bash", "zsh", "sh"];
-
-/// `SHELL`, else the login shell from the password database; `sh` at `/bin/sh` unless that
-/// is bash, zsh or sh.
-fn user_shell() -> ShellInfo {
-    let candidate = std::env::var_os("SHELL")
-        .filter(|s| !s.is_empty())
-        .or_else(login_shell)
-        .map(PathBuf::from);
-    candidate
-        .and_then(|path| {
-            let name = path.file_name()?.to_str()?.to_owned();
-            let path_text = path.to_str()?.to_owned();
-            (KNOWN_SHELLS.contains(&name.as_str()) && path.is_absolute()).then_some(ShellInfo {
-                name,
-                path: path_text,
-            })
-        })
-        .unwrap_or_else(|| ShellInfo {
-            name: "sh".into(),
-            path: "/bin/sh".into(),
-        })
-}
-
-fn login_shell() -> Option<OsString> {
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: `passwd` is plain data; getpwuid_r writes into `pwd` and `buf` (whose length
-    // we pass) and sets `result` to null or to `&pwd`. We read `pw_shell` only on success,
-    // while `buf`, which it points into, is alive.
-    unsafe {
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(
-            libc::getuid(),
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        );
-        if rc != 0 || result.is_null() || pwd.pw_shell.is_null() {
-            return None;
-        }
-        Some(OsString::from_vec(
-            CStr::from_ptr(pwd.pw_shell).to_bytes().to_vec(),
-        ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn info_has_every_always_present_member() {
-        let info = host_info();
-        assert!(KNOWN_SHELLS.contains(&info.shell.name.as_str()));
-        assert!(info.shell.path.starts_with('/'));
-        assert!(info.temp_dir.unwrap().starts_with("file:///"));
-        assert_eq!(info.capabilities, Capabilities::default());
-    }
 }

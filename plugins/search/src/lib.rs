@@ -29,7 +29,7 @@ use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugi
 use crate::state::SearchState;
 
 pub use config::SearchConfig;
-pub use wire::{CANCEL, DONE, FAMILY_LABEL, MATCH, START};
+pub use wire::{CANCEL, DONE, EXTENSION, FAMILY_LABEL, MATCH, START};
 
 exec_server_core::inventory::submit! {
     Plugin {
@@ -46,6 +46,7 @@ exec_server_core::inventory::submit! {
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let state = Arc::new(SearchState::new(install.checked_config()?));
+    install.extension(EXTENSION, &[MATCH, DONE]);
     install.method_with(START, &state, start::handle);
     install.method(CANCEL, cancel::handle);
     Ok(())

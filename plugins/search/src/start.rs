@@ -31,8 +31,8 @@ use crate::engine::{build_matcher, build_overrides, FoundMatch, SearchEnd, Searc
 use crate::state::SearchState;
 use crate::table::{RunningSearch, SessionSearches};
 use crate::wire::{
-    empty_search_id, max_results_out_of_range, search_id_too_long, DoneNotification,
-    MatchNotification, StartParams, StartResult, DONE, MATCH, MAX_SEARCH_ID_BYTES,
+    self, empty_search_id, max_results_out_of_range, search_id_too_long, DoneNotification,
+    MatchNotification, StartParams, StartResult, DONE, EXTENSION, MATCH, MAX_SEARCH_ID_BYTES,
 };
 
 /// Matches buffered between the search thread and the forwarding task. With the client's
@@ -44,6 +44,11 @@ pub(crate) async fn handle(
     cx: Call,
     params: StartParams,
 ) -> Result<StartResult, RpcError> {
+    // Results arrive only as notifications, which a connection that did not opt in never
+    // gets: refuse instead of searching for nobody.
+    if !cx.client_accepts(EXTENSION) {
+        return Err(wire::extension_not_accepted());
+    }
     let root = parse_path(&params.path).map_err(|e| e.into_rpc(&params.path))?;
     let job = validate(&state, root, &params)?;
     // No helper process can confine a search, so a policy that needs enforcement is

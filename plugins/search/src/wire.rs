@@ -7,6 +7,9 @@ use serde_json::Value;
 
 /// The family label of gating errors.
 pub const FAMILY_LABEL: &str = "search";
+/// The extension a client names in `initialize.params.extensions` to receive
+/// `search/match` and `search/done`.
+pub const EXTENSION: &str = "search";
 /// Starts a search; answers `{searchId}` at once.
 pub const START: &str = "search/start";
 /// Stops a running search.
@@ -100,6 +103,12 @@ pub(crate) struct DoneNotification<'a> {
 
 fn is_false(value: &bool) -> bool {
     !*value
+}
+
+pub(crate) fn extension_not_accepted() -> RpcError {
+    RpcError::invalid_request(format!(
+        "search/start sends `search/match` and `search/done` notifications, which this connection did not opt in to; list `{EXTENSION}` in initialize.params.extensions"
+    ))
 }
 
 pub(crate) fn empty_search_id() -> RpcError {

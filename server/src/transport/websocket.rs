@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use super::http_server::{serve_http, ListenerLimits};
+use super::ws_auth::authenticate;
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::router::StartupError;
 use crate::server::{Listener, ListenerKind, ServerContext};
@@ -116,25 +117,14 @@ async fn route(
     }
 }
 
-/// `/metrics` reveals activity, so it is guarded by the bearer token like the upgrade.
+/// `/metrics` reveals activity, so it is guarded like the upgrade.
 fn metrics_response(server: &ServerContext, headers: &axum::http::HeaderMap) -> Response {
-    if let Some(expected) = &server.core.websocket.bearer_token {
-        if !bearer_matches(headers.get(header::AUTHORIZATION), expected.expose()) {
-            return unauthorized();
-        }
+    if let Err(failure) = authenticate(&server.core.websocket_auth, headers) {
+        return failure.into_response();
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::metrics::render(),
-    )
-        .into_response()
-}
-
-fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        "a valid bearer token is required\n",
     )
         .into_response()
 }
@@ -149,10 +139,9 @@ async fn upgrade(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
-    if let Some(expected) = &server.core.websocket.bearer_token {
-        if !bearer_matches(parts.headers.get(header::AUTHORIZATION), expected.expose()) {
-            return unauthorized();
-        }
+    if let Err(failure) = authenticate(&server.core.websocket_auth, &parts.headers) {
+        tracing::debug!(%peer, reason = failure.text(), "websocket upgrade refused");
+        return failure.into_response();
     }
     if !server.is_ready() {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
@@ -166,18 +155,6 @@ async fn upgrade(
         .on_upgrade(move |socket| serve_socket(server, peer, socket))
 }
 
-/// `Authorization: Bearer <token>`: scheme case-insensitive, token compared in constant time.
-fn bearer_matches(header: Option<&axum::http::HeaderValue>, expected: &str) -> bool {
-    let Some(value) = header.and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let Some((scheme, token)) = value.split_once(' ') else {
-        return false;
-    };
-    scheme.eq_ignore_ascii_case("bearer")
-        && constant_time_eq(token.trim().as_bytes(), expected.as_bytes())
-}
-
 /// True for a message or frame above the configured limits.
 fn is_capacity_error(error: &axum::Error) -> bool {
     use std::error::Error as _;
@@ -185,13 +162,6 @@ fn is_capacity_error(error: &axum::Error) -> bool {
         .source()
         .and_then(|source| source.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
         .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebSocket) {

@@ -1,0 +1,89 @@
+//! The real codex CLI 0.169.0 against this server: its client driving a whole `codex exec`
+//! turn through us (`end_to_end`), and the same protocol checks run against
+//! `codex exec-server` and ours side by side (`conformance`).
+//!
+//! codex is installed by `scripts/install-codex.sh`; tests find it through `CODEX_BIN`
+//! (default `~/.cache/exec-server/codex-0.169.0/node_modules/.bin/codex`). Without it they
+//! print `SKIP: …` and pass, unless `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`, which makes a
+//! missing codex a failure (CI sets it).
+//!
+//! * `fake_model` — a Responses API endpoint that answers with a shell tool call, then a
+//!   final message.
+//! * `proxy` — a WebSocket proxy that records every request the codex client sends and
+//!   every error it gets back.
+
+mod conformance;
+mod end_to_end;
+mod fake_model;
+mod proxy;
+
+use std::path::PathBuf;
+
+/// The codex release these tests are written against.
+pub const CODEX_VERSION: &str = "0.169.0";
+
+/// The codex binary, or `None` after printing why the calling test is skipped. Panics
+/// instead of skipping when `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`.
+pub fn codex_bin(test: &str) -> Option<PathBuf> {
+    let bin = std::env::var_os("CODEX_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            PathBuf::from(home)
+                .join(format!(".cache/exec-server/codex-{CODEX_VERSION}"))
+                .join("node_modules/.bin/codex")
+        });
+    let version = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    let problem = match version {
+        Some(v) if v == format!("codex-cli {CODEX_VERSION}") => return Some(bin),
+        Some(v) => format!("{} is {v:?}, not codex-cli {CODEX_VERSION}", bin.display()),
+        None => format!("{} cannot be run", bin.display()),
+    };
+    let required = std::env::var("EXEC_SERVER_REQUIRE_CODEX_TESTS").as_deref() == Ok("1");
+    assert!(
+        !required,
+        "{test}: {problem}; run scripts/install-codex.sh or set CODEX_BIN"
+    );
+    println!("SKIP: {test}: {problem} (run scripts/install-codex.sh)");
+    None
+}
+
+/// A throw-away `HOME` with a `CODEX_HOME` inside it, so codex reads no configuration
+/// of the machine's user.
+pub struct CodexHome {
+    pub dir: tempfile::TempDir,
+}
+
+impl CodexHome {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(".codex")).unwrap();
+        Self { dir }
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    pub fn codex_home(&self) -> PathBuf {
+        self.dir.path().join(".codex")
+    }
+
+    /// A command for codex with this home and nothing of the caller's codex environment.
+    pub fn command(&self, bin: &std::path::Path) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.env("HOME", self.home())
+            .env("CODEX_HOME", self.codex_home())
+            .env_remove("CODEX_EXEC_SERVER_URL")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("RUST_LOG")
+            .env_remove("RUST_BACKTRACE")
+            .kill_on_drop(true);
+        cmd
+    }
+}
