@@ -65,6 +65,20 @@ fn secret_files(source: &ConfigSource) -> Vec<PathBuf> {
 }
 
 impl SandboxRuntime {
+    /// The server's one runtime, shared by every plugin that serves sandboxed requests, so
+    /// that `sandbox.max_concurrent_helpers` and the per-session share of helper slots are
+    /// server-wide, not per plugin.
+    pub fn shared(
+        install: &exec_server_core::Install<'_>,
+    ) -> Result<std::sync::Arc<Self>, exec_server_core::InstallError> {
+        install.shared(|| {
+            Ok(Self::from_source(
+                install.config_source(),
+                install.core_config().limits.max_message_bytes,
+            )?)
+        })
+    }
+
     /// Reads `[sandbox]` from `source`; `max_message_bytes` is `limits.max_message_bytes`.
     pub fn from_source(
         source: &ConfigSource,

@@ -47,6 +47,23 @@ impl Extensions {
         value
     }
 
+    /// The value of type `T`, inserting the result of `init()` if there is none; an error
+    /// of `init` inserts nothing.
+    pub fn get_or_try_insert_with<T: Any + Send + Sync, E>(
+        &self,
+        init: impl FnOnce() -> Result<T, E>,
+    ) -> Result<Arc<T>, E> {
+        let mut entries = self.entries.lock().expect("extensions lock");
+        if let Some((any, _)) = entries.get(&TypeId::of::<T>()) {
+            return Ok(Arc::clone(any)
+                .downcast()
+                .expect("entry stored under its own TypeId"));
+        }
+        let value = Arc::new(init()?);
+        entries.insert(TypeId::of::<T>(), (value.clone(), None));
+        Ok(value)
+    }
+
     /// The value of type `T`, if present.
     pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
         let entries = self.entries.lock().expect("extensions lock");
@@ -68,5 +85,26 @@ impl Extensions {
                 hook.session_ended();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_value_is_created_once_and_a_failed_init_inserts_nothing() {
+        let shared = Extensions::default();
+        let failed: Result<Arc<String>, &str> = shared.get_or_try_insert_with(|| Err("no"));
+        assert_eq!(failed.unwrap_err(), "no");
+        assert!(shared.get::<String>().is_none());
+        let first = shared
+            .get_or_try_insert_with(|| Ok::<_, ()>("one".to_owned()))
+            .unwrap();
+        let second = shared
+            .get_or_try_insert_with(|| Ok::<_, ()>("two".to_owned()))
+            .unwrap();
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(*second, "one");
     }
 }

@@ -162,6 +162,8 @@ pub struct Install<'a> {
     pub(crate) extensions: Vec<ExtensionDecl>,
     pub(crate) environment_info: Option<(&'static str, EnvironmentInfoFn)>,
     pub(crate) errors: Vec<String>,
+    /// Services several plugins of this server use together (one of each type).
+    pub(crate) shared: &'a crate::extensions::Extensions,
 }
 
 impl<'a> Install<'a> {
@@ -183,6 +185,16 @@ impl<'a> Install<'a> {
     /// The layered configuration, for plugins that read other tables.
     pub fn config_source(&self) -> &'a ConfigSource {
         self.source
+    }
+
+    /// The one value of type `T` this server's plugins share, created by the first plugin
+    /// that asks (with `init`). For services whose limits are server-wide — the sandbox
+    /// runtime and its fs helper slots, say — so that every plugin draws from one pool.
+    pub fn shared<T: std::any::Any + Send + Sync>(
+        &self,
+        init: impl FnOnce() -> Result<T, InstallError>,
+    ) -> Result<Arc<T>, InstallError> {
+        self.shared.get_or_try_insert_with(init)
     }
 
     /// The core configuration (limits, session TTL, …).

@@ -236,6 +236,7 @@ impl Router {
         let mut capability_decls: Vec<CapabilityDecl> = Vec::new();
         let mut extension_decls: Vec<ExtensionDecl> = Vec::new();
         let mut environment_info: Option<(&'static str, EnvironmentInfoFn)> = None;
+        let shared = crate::extensions::Extensions::default();
         for &(plugin, enabled) in &plan.plugins {
             let mut handlers = HashMap::new();
             if enabled {
@@ -248,6 +249,7 @@ impl Router {
                     extensions: Vec::new(),
                     environment_info: None,
                     errors: Vec::new(),
+                    shared: &shared,
                 };
                 (plugin.install)(&mut install).map_err(|e| {
                     StartupError(format!("plugin `{}` failed to start: {e}", plugin.name))

@@ -42,16 +42,13 @@ exec_server_core::inventory::submit! {
 /// The plugin's state: its limits and the sandbox that confines sandboxed discoveries.
 pub(crate) struct Discovery {
     pub(crate) config: CapabilitiesConfig,
-    pub(crate) sandbox: SandboxRuntime,
+    pub(crate) sandbox: std::sync::Arc<SandboxRuntime>,
 }
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let discovery = Arc::new(Discovery {
         config: install.checked_config()?,
-        sandbox: SandboxRuntime::from_source(
-            install.config_source(),
-            install.core_config().limits.max_message_bytes,
-        )?,
+        sandbox: SandboxRuntime::shared(install)?,
     });
     // V1 applies each root's `sandbox` (through the fs helper, or refusing the root).
     install.capability(capability::CAPABILITY_DISCOVERY_SANDBOX, &[DISCOVER_V1]);

@@ -80,10 +80,7 @@ exec_server_core::inventory::submit! {
 }
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
-    let sandbox = SandboxRuntime::from_source(
-        install.config_source(),
-        install.core_config().limits.max_message_bytes,
-    )?;
+    let sandbox = SandboxRuntime::shared(install)?;
     let config: FsConfig = install.checked_config()?;
     let config = Arc::new(FsState {
         pool: BlockingPool::new(&config),

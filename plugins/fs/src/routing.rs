@@ -29,7 +29,7 @@ use crate::config::FsConfig;
 pub(crate) struct FsState {
     pub(crate) config: FsConfig,
     pub(crate) pool: BlockingPool,
-    pub(crate) sandbox: SandboxRuntime,
+    pub(crate) sandbox: std::sync::Arc<SandboxRuntime>,
 }
 
 impl Deref for FsState {
@@ -185,7 +185,7 @@ mod tests {
         let state = FsState {
             pool: BlockingPool::new(&config),
             config,
-            sandbox: runtime(),
+            sandbox: runtime().into(),
         };
         let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
         let (tx, _rx) = tokio::sync::mpsc::channel(1);

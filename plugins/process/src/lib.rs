@@ -67,7 +67,7 @@ exec_server_core::inventory::submit! {
 pub(crate) struct ProcessPlugin {
     config: ProcessConfig,
     /// Where sandboxed starts go: the launcher and its settings.
-    sandbox: exec_server_sandbox::SandboxRuntime,
+    sandbox: Arc<exec_server_sandbox::SandboxRuntime>,
     /// The variable named by `relay.token_env`, never inherited through `envPolicy`.
     relay_token_env: Option<String>,
 }
@@ -86,10 +86,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
         .section::<RelayTokenEnv>("relay")
         .ok()
         .and_then(|relay| relay.token_env);
-    let sandbox = exec_server_sandbox::SandboxRuntime::from_source(
-        install.config_source(),
-        install.core_config().limits.max_message_bytes,
-    )?;
+    let sandbox = exec_server_sandbox::SandboxRuntime::shared(install)?;
     let plugin = Arc::new(ProcessPlugin {
         config,
         sandbox,
