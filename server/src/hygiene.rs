@@ -163,22 +163,38 @@ impl DescriptorHeadroom {
             .is_some_and(|high_water| lowest_free.saturating_add(needed) > high_water)
     }
 
-    /// Whether `needed` more descriptors would eat into the reserve now: opens a probe
-    /// descriptor (an `eventfd`, which touches no file system) to learn the lowest free
-    /// number and closes it again. A failing probe (`EMFILE` above all) counts as
-    /// exhausted.
+    /// Whether `needed` more descriptors would eat into the reserve now. Opens `needed`
+    /// probe descriptors (an `eventfd` and duplicates of it, which touch no file system),
+    /// which the kernel numbers exactly as it would number the real ones — taking the
+    /// holes lower descriptors left first — and closes them again. A failing probe
+    /// (`EMFILE` above all) counts as exhausted.
     pub fn exhausted_for(&self, needed: u64) -> bool {
-        if self.high_water().is_none() {
+        let Some(high_water) = self.high_water() else {
             return false;
-        }
+        };
         // SAFETY: eventfd takes integer arguments and returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
             return true;
         }
         // SAFETY: `fd` was just returned by eventfd and is owned by nothing else.
-        let probe = unsafe { OwnedFd::from_raw_fd(fd) };
-        self.would_exhaust(probe.as_raw_fd(), needed)
+        let first = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut probes = Vec::with_capacity(usize::try_from(needed).unwrap_or(0));
+        let mut highest = first.as_raw_fd();
+        for _ in 1..needed {
+            if u64::try_from(highest).unwrap_or(0) >= high_water {
+                break;
+            }
+            // SAFETY: F_DUPFD_CLOEXEC creates a new descriptor; `first` stays open.
+            let dup = unsafe { libc::fcntl(first.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return true;
+            }
+            // SAFETY: fcntl succeeded, so `dup` is an open descriptor owned by nothing else.
+            probes.push(unsafe { OwnedFd::from_raw_fd(dup) });
+            highest = highest.max(dup);
+        }
+        self.would_exhaust(highest, 1)
     }
 }
 
@@ -219,6 +235,7 @@ mod tests {
         assert_eq!(headroom.reserve(), limit / 2);
         // This process uses far fewer than half its descriptors.
         assert!(!headroom.exhausted_for(1));
+        assert!(!headroom.exhausted_for(16));
         assert!(headroom.exhausted_for(limit));
     }
 }

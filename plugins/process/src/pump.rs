@@ -6,15 +6,21 @@
 //! queue before reading on, so a client that stops reading pauses collection for its own
 //! processes only (§2.9), and memory stays bounded by the queue plus the retention limits.
 //! While the session is detached nothing waits, output keeps being recorded and old chunks
-//! are evicted (§4.6).
+//! are evicted (§4.6, and the session cap and server budget of [`crate::output_budget`]).
+//!
+//! Output is read into a scratch buffer of the worker thread and each chunk copied out into
+//! an allocation of its own size: a retained chunk holds exactly its bytes, and an idle
+//! process holds no buffer at all. The copy costs far less than the base64 encoding every
+//! byte goes through anyway.
 
+use std::cell::RefCell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use exec_server_core::metrics::{self, Counter, Gauge};
 use exec_server_core::proto::bytes::base64_json;
 use exec_server_core::proto::process::{
@@ -34,9 +40,13 @@ use crate::table::ProcessTable;
 /// Bytes requested per `read(2)`: more than a pipe holds by default (64 KiB), so one
 /// wake-up drains it.
 const READ_BYTES: usize = 256 * 1024;
-/// A new read buffer is allocated when less than this is left in the current one. Chunks
-/// share their buffer, so this bounds the memory retained chunks can pin beyond their size.
-const MIN_READ_BYTES: usize = 16 * 1024;
+
+thread_local! {
+    /// Where output is read before it is copied into chunks: one per worker thread, used
+    /// only between a read and its copies, never across an `await`.
+    static READ_BUFFER: RefCell<Box<[MaybeUninit<u8>]>> =
+        RefCell::new(Box::new_uninit_slice(READ_BYTES));
+}
 /// Reads per stream after the exit is seen and before it is recorded, so that what the
 /// child wrote before exiting precedes its exit event (a descendant may write forever).
 const DRAIN_READS: usize = 64;
@@ -76,7 +86,6 @@ pub(crate) struct Pump {
     pub response_queued: Option<ResponseQueued>,
     pub chunk_bytes: usize,
     pub closed_retention: Duration,
-    pub buffer: BytesMut,
     /// For a process confined by the sandbox: how long output may still arrive after its
     /// exit before `sandboxDenied` is computed (`sandbox.exit_output_grace_ms`).
     pub sandboxed_grace: Option<Duration>,
@@ -242,13 +251,20 @@ impl Pump {
             return ReadOutcome::Eof;
         };
         let (fd, stream) = (Arc::clone(&source.fd), source.stream);
-        if self.buffer.capacity() - self.buffer.len() < MIN_READ_BYTES {
-            self.buffer = BytesMut::with_capacity(READ_BYTES);
-        }
-        let spare: &mut [MaybeUninit<u8>] = self.buffer.spare_capacity_mut();
-        let n = match fd.try_io(Interest::READABLE, |fd| sys::read(fd.as_raw_fd(), spare)) {
-            Ok(0) => return ReadOutcome::Eof,
-            Ok(n) => n,
+        let chunk_bytes = self.chunk_bytes;
+        let read = READ_BUFFER.with_borrow_mut(|buffer| {
+            let n = fd.try_io(Interest::READABLE, |fd| sys::read(fd.as_raw_fd(), buffer))?;
+            // SAFETY: read(2) initialised the first `n` bytes of the buffer.
+            let data = unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast::<u8>(), n) };
+            let chunks: Vec<Bytes> = data
+                .chunks(chunk_bytes)
+                .map(Bytes::copy_from_slice)
+                .collect();
+            Ok::<_, io::Error>(chunks)
+        });
+        let chunks = match read {
+            Ok(chunks) if chunks.is_empty() => return ReadOutcome::Eof,
+            Ok(chunks) => chunks,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::WouldBlock,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return ReadOutcome::Data,
             // A terminal's master reads EIO once no process has the slave open any more.
@@ -260,31 +276,18 @@ impl Pump {
                 return ReadOutcome::Eof;
             }
         };
-        // SAFETY: read(2) initialised the first `n` bytes of the spare capacity.
-        unsafe { self.buffer.set_len(n) };
-        let data = self.buffer.split().freeze();
-        self.publish(stream, data).await;
+        self.publish(stream, chunks).await;
         ReadOutcome::Data
     }
 
-    async fn publish(&mut self, stream: OutputStream, data: Bytes) {
-        let pieces: Vec<Bytes> = (0..data.len())
-            .step_by(self.chunk_bytes)
-            .map(|start| data.slice(start..data.len().min(start + self.chunk_bytes)))
-            .collect();
-        let first_seq = self.process.record(|log| {
-            let first = log.record_output(stream, pieces[0].clone());
-            for piece in &pieces[1..] {
-                log.record_output(stream, piece.clone());
-            }
-            first
-        });
-        for (seq, piece) in (first_seq..).zip(&pieces) {
+    async fn publish(&mut self, stream: OutputStream, chunks: Vec<Bytes>) {
+        let first_seq = self.process.record_output(stream, &chunks);
+        for (seq, chunk) in (first_seq..).zip(&chunks) {
             let output = OutputNotification {
                 process_id: self.process.id.clone(),
                 seq,
                 stream,
-                chunk: base64_json(piece),
+                chunk: base64_json(chunk),
             };
             self.notify(OUTPUT, &output).await;
         }

@@ -19,8 +19,9 @@
 //! * **One spawner thread.** The kernel delivers the parent-death signal when the *thread*
 //!   that created the child ends, not the process. Keepers are therefore created by one
 //!   thread that lives as long as the server (it is never joined and its queue is never
-//!   closed), so the signal fires exactly when the server dies. Requests reach it over a
-//!   channel; each spawn takes microseconds, so serialising them costs nothing measurable.
+//!   closed), so the signal fires exactly when the server dies. Requests reach it through
+//!   a queue where sessions take turns ([`crate::spawn_queue`]); each spawn takes
+//!   microseconds, so serialising them costs nothing measurable.
 //! * **pidfds.** `CLONE_PIDFD` returns a descriptor for the keeper, which the server uses to
 //!   signal it and to reap it (`waitid(P_PIDFD)`), so pid reuse cannot misdirect either.
 //!   This needs Linux 5.4 or later.
@@ -28,11 +29,12 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::oneshot;
 
 use crate::keeper::{keeper_main, KeeperArgs, Report, KILL_TREE, RECORD_BYTES};
+use crate::spawn_queue::{FairQueue, Owner};
 use crate::sys;
 
 /// The target's stack: it only makes system calls before `execve`.
@@ -117,7 +119,7 @@ struct Job {
 
 /// Handle to the spawner thread.
 pub(crate) struct Spawner {
-    jobs: mpsc::Sender<Job>,
+    jobs: Arc<FairQueue<Job>>,
 }
 
 impl Spawner {
@@ -126,34 +128,39 @@ impl Spawner {
         static SPAWNER: OnceLock<Result<Spawner, String>> = OnceLock::new();
         SPAWNER
             .get_or_init(|| {
-                let (tx, rx) = mpsc::channel();
+                let jobs = Arc::new(FairQueue::new());
+                let queue = Arc::clone(&jobs);
                 std::thread::Builder::new()
                     .name("exec-server-spawner".into())
-                    .spawn(move || spawner_main(rx))
-                    .map(|_| Spawner { jobs: tx })
+                    .spawn(move || spawner_main(&queue))
+                    .map(|_| Spawner { jobs })
                     .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| io::Error::other(e.clone()))
     }
 
-    /// Creates the keeper and target described by `command`. If the caller stops waiting,
-    /// the spawner kills the tree and reaps the keeper itself.
-    pub(crate) async fn spawn(&self, command: Command) -> io::Result<Spawned> {
+    /// Creates the keeper and target described by `command`, in `owner`'s turn (one key
+    /// per session). If the caller stops waiting, the spawner kills the tree and reaps the
+    /// keeper itself.
+    pub(crate) async fn spawn(&self, owner: Owner, command: Command) -> io::Result<Spawned> {
         let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job { command, reply })
-            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        self.jobs.push(owner, Job { command, reply });
         answer
             .await
             .map_err(|_| io::Error::other("the spawner thread is gone"))?
     }
 }
 
-fn spawner_main(jobs: mpsc::Receiver<Job>) {
+fn spawner_main(jobs: &FairQueue<Job>) {
     // SAFETY: getpid has no preconditions.
     let server_pid = unsafe { libc::getpid() };
-    while let Ok(Job { command, reply }) = jobs.recv() {
+    loop {
+        let Job { command, reply } = jobs.pop();
+        // The start was cancelled while it waited: nothing to create.
+        if reply.is_closed() {
+            continue;
+        }
         let result = spawn_child(server_pid, &command);
         // Closes the child's ends of its pipes and terminal in the server.
         drop(command);
@@ -453,7 +460,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let result = rt.block_on(Spawner::global().unwrap().spawn(command));
+        let result = rt.block_on(Spawner::global().unwrap().spawn(0, command));
         let mut out = Vec::new();
         std::fs::File::from(out_r).read_to_end(&mut out).unwrap();
         (result, out)
@@ -527,7 +534,7 @@ mod tests {
             .build()
             .unwrap();
         let spawned = rt
-            .block_on(Spawner::global().unwrap().spawn(command))
+            .block_on(Spawner::global().unwrap().spawn(0, command))
             .unwrap();
         let mut line = String::new();
         std::io::BufRead::read_line(
