@@ -283,6 +283,11 @@ impl Pump {
     async fn publish(&mut self, stream: OutputStream, chunks: Vec<Bytes>) {
         let first_seq = self.process.record_output(stream, &chunks);
         for (seq, chunk) in (first_seq..).zip(&chunks) {
+            // Detached, no notification is produced (§4.4): skip encoding what nobody
+            // would receive. The output is recorded and readable all the same.
+            if !self.session.is_attached() {
+                return;
+            }
             let output = OutputNotification {
                 process_id: self.process.id.clone(),
                 seq,

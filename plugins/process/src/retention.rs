@@ -300,6 +300,33 @@ mod tests {
     }
 
     #[test]
+    fn the_charge_counts_bookkeeping_and_eviction_for_the_budget_takes_the_oldest() {
+        let mut out = RetainedOutput::new(ROOMY, None);
+        for seq in 1..=4 {
+            out.push(Chunk {
+                seq,
+                stream: OutputStream::Stdout,
+                data: Bytes::from(vec![b'x'; 100]),
+            });
+        }
+        assert_eq!(out.charge(), 4 * (100 + CHUNK_OVERHEAD_BYTES));
+        // Asked for a little more than one chunk: two go, oldest first.
+        let freed = out.evict_oldest(100 + CHUNK_OVERHEAD_BYTES + 1, EvictionCause::SessionCap);
+        assert_eq!(freed, 2 * (100 + CHUNK_OVERHEAD_BYTES));
+        assert_eq!(out.seqs(), [3, 4]);
+        assert_eq!(
+            out.evict_oldest(usize::MAX, EvictionCause::GlobalBudget),
+            out_charge(2)
+        );
+        assert!(out.seqs().is_empty());
+        assert_eq!(out.evict_oldest(1, EvictionCause::GlobalBudget), 0);
+    }
+
+    fn out_charge(chunks: usize) -> usize {
+        chunks * (100 + CHUNK_OVERHEAD_BYTES)
+    }
+
+    #[test]
     fn eviction_by_chunk_count() {
         let mut out = RetainedOutput::new(
             RetentionLimits {
