@@ -114,21 +114,14 @@ impl ManagedProcess {
         result
     }
 
-    /// Records output chunks, in order, and then keeps the session and the server within
-    /// their retained output limits; returns the first chunk's `seq`.
-    pub fn record_output(&self, stream: OutputStream, chunks: &[Bytes]) -> u64 {
-        let first = self.record(|log| {
-            let mut seqs = chunks
-                .iter()
-                .map(|chunk| log.record_output(stream, chunk.clone()));
-            let first = seqs.next().unwrap_or(0);
-            seqs.for_each(drop);
-            first
-        });
+    /// Records an output chunk, then keeps the session and the server within their
+    /// retained output limits; returns the chunk's `seq`.
+    pub fn record_output(&self, stream: OutputStream, chunk: Bytes) -> u64 {
+        let seq = self.record(|log| log.record_output(stream, chunk));
         if let Some(budget) = &self.budget {
             budget.enforce();
         }
-        first
+        seq
     }
 
     pub fn snapshot(&self, after_seq: u64, max_bytes: Option<u64>) -> Snapshot {

@@ -8,12 +8,10 @@
 //! While the session is detached nothing waits, output keeps being recorded and old chunks
 //! are evicted (§4.6, and the session cap and server budget of [`crate::output_budget`]).
 //!
-//! Output is read into a scratch buffer of the worker thread and each chunk copied out into
-//! an allocation of its own size: a retained chunk holds exactly its bytes, and an idle
-//! process holds no buffer at all. The copy costs far less than the base64 encoding every
-//! byte goes through anyway.
+//! Each read goes into an allocation of its own, of one chunk's size, which is shrunk in
+//! place to what the read returned: a retained chunk holds exactly its bytes (no slice of a
+//! larger buffer it would keep alive), and an idle process holds no buffer at all.
 
-use std::cell::RefCell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -37,16 +35,9 @@ use crate::managed::ManagedProcess;
 use crate::sys;
 use crate::table::ProcessTable;
 
-/// Bytes requested per `read(2)`: more than a pipe holds by default (64 KiB), so one
-/// wake-up drains it.
-const READ_BYTES: usize = 256 * 1024;
-
-thread_local! {
-    /// Where output is read before it is copied into chunks: one per worker thread, used
-    /// only between a read and its copies, never across an `await`.
-    static READ_BUFFER: RefCell<Box<[MaybeUninit<u8>]>> =
-        RefCell::new(Box::new_uninit_slice(READ_BYTES));
-}
+/// The most bytes one `read(2)` asks for, and so the largest chunk whatever
+/// `process.output_chunk_bytes` says: more than a pipe holds by default (64 KiB).
+const MAX_READ_BYTES: usize = 256 * 1024;
 /// Reads per stream after the exit is seen and before it is recorded, so that what the
 /// child wrote before exiting precedes its exit event (a descendant may write forever).
 const DRAIN_READS: usize = 64;
@@ -251,20 +242,14 @@ impl Pump {
             return ReadOutcome::Eof;
         };
         let (fd, stream) = (Arc::clone(&source.fd), source.stream);
-        let chunk_bytes = self.chunk_bytes;
-        let read = READ_BUFFER.with_borrow_mut(|buffer| {
-            let n = fd.try_io(Interest::READABLE, |fd| sys::read(fd.as_raw_fd(), buffer))?;
-            // SAFETY: read(2) initialised the first `n` bytes of the buffer.
-            let data = unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast::<u8>(), n) };
-            let chunks: Vec<Bytes> = data
-                .chunks(chunk_bytes)
-                .map(Bytes::copy_from_slice)
-                .collect();
-            Ok::<_, io::Error>(chunks)
+        let capacity = self.chunk_bytes.min(MAX_READ_BYTES);
+        let mut data = Vec::with_capacity(capacity);
+        let read = fd.try_io(Interest::READABLE, |fd| {
+            sys::read(fd.as_raw_fd(), data.spare_capacity_mut())
         });
-        let chunks = match read {
-            Ok(chunks) if chunks.is_empty() => return ReadOutcome::Eof,
-            Ok(chunks) => chunks,
+        let n = match read {
+            Ok(0) => return ReadOutcome::Eof,
+            Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::WouldBlock,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return ReadOutcome::Data,
             // A terminal's master reads EIO once no process has the slave open any more.
@@ -276,26 +261,31 @@ impl Pump {
                 return ReadOutcome::Eof;
             }
         };
-        self.publish(stream, chunks).await;
+        // SAFETY: read(2) initialised the first `n` bytes of the spare capacity.
+        unsafe { data.set_len(n) };
+        // Shrinking gives the tail back without copying (the allocator splits the block).
+        data.shrink_to_fit();
+        self.publish(stream, Bytes::from(data)).await;
         ReadOutcome::Data
     }
 
-    async fn publish(&mut self, stream: OutputStream, chunks: Vec<Bytes>) {
-        let first_seq = self.process.record_output(stream, &chunks);
-        for (seq, chunk) in (first_seq..).zip(&chunks) {
-            // Detached, no notification is produced (§4.4): skip encoding what nobody
-            // would receive. The output is recorded and readable all the same.
-            if !self.session.is_attached() {
-                return;
-            }
-            let output = OutputNotification {
-                process_id: self.process.id.clone(),
+    async fn publish(&mut self, stream: OutputStream, chunk: Bytes) {
+        let seq = self.process.record_output(stream, chunk.clone());
+        if let Some(queued) = self.response_queued.take() {
+            queued.wait().await;
+        }
+        // Encoded only once the client's queue has room, and not at all while the session
+        // is detached (no notification is produced then, §4.4): a pump waiting for a slow
+        // client holds the chunk, which is retained anyway, and nothing more.
+        let process_id = &self.process.id;
+        self.session
+            .notify_with(OUTPUT, || OutputNotification {
+                process_id: process_id.clone(),
                 seq,
                 stream,
-                chunk: base64_json(chunk),
-            };
-            self.notify(OUTPUT, &output).await;
-        }
+                chunk: base64_json(&chunk),
+            })
+            .await;
     }
 
     async fn notify<P: Serialize>(&mut self, method: &str, params: &P) {
