@@ -1,5 +1,6 @@
 //! Every row group, run in order. Each row measures exec-server and its floor back to back.
 
+mod fair;
 mod fs;
 mod memory;
 mod process;
@@ -57,6 +58,12 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     }
     if relay {
         rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
+    }
+    if wanted("fair_proc") || wanted("fair_spawn") {
+        rows.extend(fair::process_flood_rows(budget).await);
+    }
+    if wanted("fair_output") {
+        rows.push(fair::output_flood_row(budget).await);
     }
     if wanted("rss_idle") {
         rows.push(memory::rss_idle().await);
