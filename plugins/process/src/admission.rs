@@ -3,8 +3,7 @@
 //! read them, and the descriptors the server keeps in reserve below its open-file limit.
 //! Each refusal is -32600 and names the limit and the key that sets it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use exec_server_core::hygiene::DescriptorHeadroom;
 use exec_server_core::metrics::{self, Counter};
@@ -32,46 +31,43 @@ pub(crate) static PENDING_WRITE_BYTES: Quota = Quota::new(
 /// The configuration key of the start's descriptor reserve.
 const FD_RESERVE_KEY: &str = "process.fd_reserve";
 
-/// Descriptors one start opens before it reaches the spawner: the child's pipes or
-/// terminal (six for pipe mode) and, sandboxed, the launcher's control socket.
-const DESCRIPTORS_TO_PREPARE: u64 = 8;
-/// Descriptors the spawner opens for each start afterwards: the keeper's status pipe and
-/// pidfd. Starts that passed the check but have not spawned yet still need them.
-const DESCRIPTORS_TO_SPAWN: u64 = 3;
+/// Descriptors a start opens before it reaches the spawner: the child's pipes or terminal
+/// (six for pipe mode) and, sandboxed, the launcher's control socket. Checked by the
+/// start's handler.
+pub(crate) const DESCRIPTORS_TO_PREPARE: u64 = 8;
+/// Descriptors the spawner opens for a start: the keeper's status pipe and its pidfd.
+/// Checked by the spawner thread, which creates one process at a time.
+pub(crate) const DESCRIPTORS_TO_SPAWN: u64 = 3;
 
-/// The reserve `process/start` leaves free, and the starts on their way to the spawner.
+/// The descriptors `process/start` leaves free below the open-file limit.
+#[derive(Debug, Clone)]
 pub(crate) struct DescriptorReserve {
     headroom: DescriptorHeadroom,
-    spawning: Arc<AtomicU64>,
+    /// Held from a check until the descriptors it admitted are open, so that two starts
+    /// (or a start and the spawner) never both count the same free descriptors.
+    opening: Arc<Mutex<()>>,
 }
 
-/// A start between its descriptor check and the end of its spawn; counted by
-/// [`DescriptorReserve`] while it lives.
-pub(crate) struct Spawning(Arc<AtomicU64>);
-
-impl Drop for Spawning {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
+/// Admission of the descriptors a caller is about to open; open them before dropping it.
+pub(crate) struct Admitted<'a> {
+    _opening: MutexGuard<'a, ()>,
 }
 
 impl DescriptorReserve {
     pub fn new(reserve: usize) -> Self {
         Self {
             headroom: DescriptorHeadroom::new(reserve),
-            spawning: Arc::new(AtomicU64::new(0)),
+            opening: Arc::default(),
         }
     }
 
-    /// Refuses a start that would leave fewer descriptors free than the reserve, counting
-    /// what it will open itself and what the starts ahead of it at the spawner still will.
-    /// Hold the result until the spawn is over.
-    pub fn admit_start(&self) -> Result<Spawning, RpcError> {
-        let ahead = self.spawning.fetch_add(1, Ordering::Relaxed);
-        let spawning = Spawning(Arc::clone(&self.spawning));
-        let needed = DESCRIPTORS_TO_PREPARE + DESCRIPTORS_TO_SPAWN * (ahead + 1);
+    /// Refuses when `needed` more descriptors would be numbered inside the reserve. The
+    /// start checks what it opens itself, and the spawner what it opens for the start, so
+    /// no check has to guess at the descriptors of starts still on their way.
+    pub fn admit(&self, needed: u64) -> Result<Admitted<'_>, RpcError> {
+        let opening = self.opening.lock().unwrap_or_else(|e| e.into_inner());
         if !self.headroom.exhausted_for(needed) {
-            return Ok(spawning);
+            return Ok(Admitted { _opening: opening });
         }
         refused_fd_reserve().inc();
         tracing::debug!(

@@ -26,11 +26,11 @@ use exec_server_sandbox::fs_helper::runner::ENV_ALLOW_LIST;
 use exec_server_sandbox::narrow::NarrowingOutcome;
 use exec_server_sandbox::policy::{Network, SandboxDecision, SandboxPolicy};
 
-use crate::admission::PROCESSES;
+use crate::admission::{DESCRIPTORS_TO_PREPARE, PROCESSES};
 use crate::keepers::LiveKeeper;
 use crate::managed::{ManagedProcess, ProcessParts, StdinMode};
 use crate::pump::{wait_exit, OutputSource, Pump};
-use crate::spawn::{ChildStdio, Command, Spawned, Spawner};
+use crate::spawn::{ChildStdio, Command, SpawnError, Spawned, Spawner};
 use crate::{environment, sys, terminal, ProcessPlugin};
 
 /// Terminal size when `size` is not given (§4.2.1).
@@ -47,24 +47,24 @@ pub(crate) async fn start(
     let mut reservation = table.reserve(&params.process_id, || {
         PROCESSES.acquire(cx.session(), limit, 1)
     })?;
-    // Held until the spawn is over: starts that follow count the descriptors it will open.
-    let spawning = plugin.descriptors.admit_start()?;
-
-    let mut prepared = prepare(&plugin, &params, &cwd, size, decision.policy())
-        .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
+    let mut prepared = {
+        let _admitted = plugin.descriptors.admit(DESCRIPTORS_TO_PREPARE)?;
+        prepare(&plugin, &params, &cwd, size, decision.policy())
+            .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?
+    };
     let launch = prepared.launch.take();
     let spawner = Spawner::global().map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
     let spawned = tokio::select! {
         biased;
         _ = reservation.cancelled() => {
-            // Dropping the spawn request makes the spawner kill and reap the child.
+            // Dropping the spawn request makes the spawner skip it, or kill and reap the
+            // child it created.
             return Err(RpcError::start_cancelled(&params.process_id));
         }
-        spawned = spawner.spawn(table.spawn_owner, prepared.command) => {
-            spawned.map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?
+        spawned = spawner.spawn(table.spawn_owner, prepared.command, Some(plugin.descriptors.clone())) => {
+            spawned.map_err(SpawnError::into_rpc)?
         }
     };
-    drop(spawning);
     let Spawned {
         pid,
         keeper,
