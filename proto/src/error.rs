@@ -327,6 +327,14 @@ impl RpcError {
         ))
     }
 
+    /// A request that would leave the server fewer free descriptors than its reserve
+    /// (fair share): names what was refused, the reserve, the limit, and the key.
+    pub fn descriptor_reserve(what: &str, reserve: u64, limit: u64, key: &str) -> Self {
+        Self::invalid_request(format!(
+            "too few file descriptors left: {what} must leave {reserve} of {limit} free ({key})"
+        ))
+    }
+
     pub fn too_many_handles(limit: usize) -> Self {
         Self::invalid_request(format!(
             "at most {limit} file reads may be open per connection"

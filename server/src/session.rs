@@ -45,6 +45,37 @@ impl Outbound {
             ..self.clone()
         }
     }
+
+    /// The encoded notification, or `None` (logged) when it cannot be sent on this
+    /// connection.
+    fn frame<P: Serialize + ?Sized>(&self, method: &str, params: &P) -> Option<String> {
+        if self.blocked.contains(method) {
+            tracing::debug!(
+                method,
+                "extension notification withheld: the client did not opt in"
+            );
+            return None;
+        }
+        let frame = match encode_notification(method, params) {
+            Ok(frame) => frame,
+            Err(e) => {
+                tracing::error!(method, error = %e, "failed to encode notification");
+                return None;
+            }
+        };
+        if let Some(limit) = self.max_bytes {
+            if frame.len() > limit {
+                tracing::error!(
+                    method,
+                    size = frame.len(),
+                    limit,
+                    "notification too large to send"
+                );
+                return None;
+            }
+        }
+        Some(frame)
+    }
 }
 
 struct Attachment {
@@ -131,32 +162,34 @@ impl Session {
         let Some(outbound) = self.lock().outbound.clone() else {
             return false;
         };
+        let Some(frame) = outbound.frame(method, params) else {
+            return false;
+        };
+        outbound.tx.send(frame).await.is_ok()
+    }
+
+    /// Like [`Session::notify`], but makes the params only once the outbound queue has
+    /// room for the notification (and not at all while the session is detached): a
+    /// producer waiting for a slow client holds no encoded message meanwhile.
+    pub async fn notify_with<P: Serialize>(
+        &self,
+        method: &str,
+        params: impl FnOnce() -> P,
+    ) -> bool {
+        let Some(outbound) = self.lock().outbound.clone() else {
+            return false;
+        };
         if outbound.blocked.contains(method) {
-            tracing::debug!(
-                method,
-                "extension notification withheld: the client did not opt in"
-            );
             return false;
         }
-        let frame = match encode_notification(method, params) {
-            Ok(frame) => frame,
-            Err(e) => {
-                tracing::error!(method, error = %e, "failed to encode notification");
-                return false;
-            }
+        let Ok(room) = outbound.tx.reserve().await else {
+            return false;
         };
-        if let Some(limit) = outbound.max_bytes {
-            if frame.len() > limit {
-                tracing::error!(
-                    method,
-                    size = frame.len(),
-                    limit,
-                    "notification too large to send"
-                );
-                return false;
-            }
-        }
-        outbound.tx.send(frame).await.is_ok()
+        let Some(frame) = outbound.frame(method, &params()) else {
+            return false;
+        };
+        room.send(frame);
+        true
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Attachment> {
@@ -354,5 +387,42 @@ mod tests {
         assert!(session.notify("a/b", &serde_json::json!({})).await);
         assert_eq!(rx.recv().await.unwrap(), r#"{"method":"a/b","params":{}}"#);
         assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn lazy_notifications_are_made_only_when_there_is_room() {
+        let registry = SessionRegistry::new(Duration::from_secs(30));
+        let (tx, mut rx) = mpsc::channel(1);
+        let (session, generation) = registry.create(Outbound::new(tx, None));
+        let made = Arc::new(AtomicUsize::new(0));
+        let make = |n: u32| {
+            let made = Arc::clone(&made);
+            move || {
+                made.fetch_add(1, Ordering::SeqCst);
+                serde_json::json!({ "n": n })
+            }
+        };
+        assert!(session.notify_with("a/b", make(1)).await);
+        // The queue is full: the second waits without making its params.
+        let second = tokio::spawn({
+            let session = Arc::clone(&session);
+            let make = make(2);
+            async move { session.notify_with("a/b", make).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            r#"{"method":"a/b","params":{"n":1}}"#
+        );
+        assert!(second.await.unwrap());
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            r#"{"method":"a/b","params":{"n":2}}"#
+        );
+        // Detached: nothing is made at all.
+        registry.detach(&session, generation);
+        assert!(!session.notify_with("a/b", make(3)).await);
+        assert_eq!(made.load(Ordering::SeqCst), 2);
     }
 }

@@ -1,6 +1,7 @@
 //! Every row group, run in order. Each row measures exec-server and its floor back to back.
 
-mod fair_share;
+mod fair_fs;
+mod fair_process;
 mod fs;
 mod memory;
 mod process;
@@ -57,10 +58,16 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
         rows.push(fs::sandbox_read(budget).await);
     }
     if wanted("victim_alone") || wanted("victim_flood") {
-        rows.extend(fair_share::fs_victim(budget).await);
+        rows.extend(fair_fs::fs_victim(budget).await);
     }
     if relay {
         rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
+    }
+    if wanted("fair_proc") || wanted("fair_spawn") {
+        rows.extend(fair_process::process_flood_rows(budget).await);
+    }
+    if wanted("fair_output") {
+        rows.push(fair_process::output_flood_row(budget).await);
     }
     if wanted("rss_idle") {
         rows.push(memory::rss_idle().await);

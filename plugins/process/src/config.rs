@@ -21,6 +21,21 @@ pub struct ProcessConfig {
     pub write_id_history: usize,
     /// Maximum bytes per output chunk (§4.3): the size of one read from the child.
     pub output_chunk_bytes: usize,
+    /// Live processes one session may have: from `process/start` until the process's
+    /// whole tree is gone (fair share).
+    pub max_processes_per_session: usize,
+    /// Retained output one session's processes may hold together; beyond it the oldest
+    /// output of the session's largest holder is evicted (fair share).
+    pub max_retained_output_bytes_per_session: usize,
+    /// Retained output all sessions may hold together; beyond it the oldest output of the
+    /// largest holder is evicted (fair share).
+    pub retained_output_budget_bytes: usize,
+    /// `process/write` bytes one session may have waiting for its processes to read them;
+    /// a write beyond it is refused (fair share).
+    pub max_pending_write_bytes_per_session: usize,
+    /// Descriptors a `process/start` must leave free below the open-file limit; 0: no
+    /// reserve (fair share).
+    pub fd_reserve: usize,
 }
 
 impl Default for ProcessConfig {
@@ -38,13 +53,28 @@ impl Default for ProcessConfig {
             // MiB/s. A pipe holds 64 KiB, so one read takes what the child wrote; reads never
             // wait for a full chunk, so interactive output is not delayed.
             output_chunk_bytes: 65_536,
+            // A process costs the server 3 to 5 descriptors (its output pipes or terminal,
+            // the keeper's status pipe and pidfd, stdin with `pipeStdin`) and the host two
+            // tasks (keeper and target): 256 processes are at most 1,280 descriptors and 512
+            // tasks, which a server with the recommended 65,536 descriptors can give dozens
+            // of sessions, and more than interactive or CI clients run at once.
+            max_processes_per_session: 256,
+            max_retained_output_bytes_per_session: 64 << 20,
+            // Four sessions at their cap; 256 processes at the reference retention of 1 MiB.
+            retained_output_budget_bytes: 256 << 20,
+            // One write of the largest message (64 MiB of base64 is 48 MiB of bytes) fits.
+            max_pending_write_bytes_per_session: 64 << 20,
+            // Below `listener.fd_reserve` (256): connections stop first, processes later,
+            // and these are left for the server's own files, helpers and metrics.
+            fd_reserve: 64,
         }
     }
 }
 
 impl CheckedSection for ProcessConfig {
     /// Zero is refused where it cannot work. It is meaningful for the wait bound (no long
-    /// polls), the closed retention (remove at once) and the write-id history (no dedupe).
+    /// polls), the closed retention (remove at once), the write-id history (no dedupe) and
+    /// the descriptor reserve (none).
     fn check(&self, source: &ConfigSource, table: &str) -> Result<(), ConfigError> {
         source.require_positive(
             table,
@@ -52,6 +82,22 @@ impl CheckedSection for ProcessConfig {
                 ("retained_output_bytes", self.retained_output_bytes as u64),
                 ("retained_output_chunks", self.retained_output_chunks as u64),
                 ("output_chunk_bytes", self.output_chunk_bytes as u64),
+                (
+                    "max_processes_per_session",
+                    self.max_processes_per_session as u64,
+                ),
+                (
+                    "max_retained_output_bytes_per_session",
+                    self.max_retained_output_bytes_per_session as u64,
+                ),
+                (
+                    "retained_output_budget_bytes",
+                    self.retained_output_budget_bytes as u64,
+                ),
+                (
+                    "max_pending_write_bytes_per_session",
+                    self.max_pending_write_bytes_per_session as u64,
+                ),
             ],
         )
     }
@@ -87,7 +133,14 @@ mod tests {
             "{err}"
         );
 
-        assert!(load("[process]\nmax_wait_ms = 0\nwrite_id_history = 0\n").is_ok());
+        assert!(load("[process]\nmax_wait_ms = 0\nwrite_id_history = 0\nfd_reserve = 0\n").is_ok());
+        let err = load("[process]\nmax_processes_per_session = 0\n").unwrap_err();
+        assert!(
+            err.0.starts_with(
+                "invalid config: process.max_processes_per_session must be greater than zero"
+            ),
+            "{err}"
+        );
 
         let err = load("[process]\nmax_wait = 1\n").unwrap_err();
         assert!(err.0.contains("unknown key process.max_wait"), "{err}");

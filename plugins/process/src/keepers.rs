@@ -4,13 +4,16 @@
 //!
 //! A keeper can outlive its process's table entry: a daemon that closed its output keeps
 //! running after `process/closed` and after the closed-retention time, and must still die
-//! with the session. So keepers are tracked here, not in the process table's slots.
+//! with the session. So keepers are tracked here, not in the process table's slots — and so
+//! is each process's share of the session's process quota, given back when its keeper is
+//! reaped, i.e. when nothing of its tree is left.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
+use exec_server_core::QuotaLease;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -73,10 +76,17 @@ pub(crate) struct KeeperRegistry {
 struct RegistryState {
     /// Keyed by adoption order, not by pid: a reaped keeper's pid may be reused by the
     /// next keeper before the reaping task forgets the old one.
-    live: HashMap<u64, Arc<LiveKeeper>>,
+    live: HashMap<u64, KeeperEntry>,
     next_key: u64,
     /// Set when the session ended: keepers adopted afterwards are killed at once.
     ended: bool,
+}
+
+/// A live keeper and the quota share its tree holds.
+#[derive(Debug)]
+struct KeeperEntry {
+    keeper: Arc<LiveKeeper>,
+    _share: Option<QuotaLease>,
 }
 
 impl KeeperRegistry {
@@ -85,8 +95,9 @@ impl KeeperRegistry {
     }
 
     /// Takes over a newly spawned keeper: it dies with the session, and a task reaps it when
-    /// it exits and then frees its stack. Must be called within the tokio runtime.
-    pub fn adopt(self: &Arc<Self>, keeper: Keeper) -> Arc<LiveKeeper> {
+    /// it exits, then frees its stack and gives back `share` (its process's share of the
+    /// session's quota). Must be called within the tokio runtime.
+    pub fn adopt(self: &Arc<Self>, keeper: Keeper, share: Option<QuotaLease>) -> Arc<LiveKeeper> {
         let Keeper { pid, pidfd, stack } = keeper;
         let live = Arc::new(LiveKeeper {
             pid,
@@ -97,7 +108,13 @@ impl KeeperRegistry {
             let mut state = self.state();
             key = state.next_key;
             state.next_key += 1;
-            state.live.insert(key, Arc::clone(&live));
+            state.live.insert(
+                key,
+                KeeperEntry {
+                    keeper: Arc::clone(&live),
+                    _share: share,
+                },
+            );
             state.ended
         };
         if ended {
@@ -112,7 +129,11 @@ impl KeeperRegistry {
         let live: Vec<Arc<LiveKeeper>> = {
             let mut state = self.state();
             state.ended = true;
-            state.live.values().cloned().collect()
+            state
+                .live
+                .values()
+                .map(|entry| Arc::clone(&entry.keeper))
+                .collect()
         };
         for keeper in live {
             keeper.kill_tree();
@@ -151,7 +172,9 @@ async fn reap(
             tracing::warn!(keeper = keeper.pid, error = %e, "process keeper not reaped");
         }
     }
-    registry.state().live.remove(&key);
+    // Dropped outside the registry's lock: giving the share back takes the quota's.
+    let entry = registry.state().live.remove(&key);
+    drop(entry);
 }
 
 async fn reap_when_readable(keeper: &LiveKeeper, pidfd: &AsyncFd<OwnedFd>) -> io::Result<()> {

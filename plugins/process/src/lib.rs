@@ -4,11 +4,16 @@
 //!
 //! * [`config`] — the `[process]` table.
 //! * `start`, `read`, `write`, `signal`, `resize`, `terminate` — one module per method.
+//! * `admission` — fair share before a request goes ahead: the session's process and
+//!   pending-write quotas, the descriptor reserve.
 //! * `table` — the per-session process table: reservation, lookup, kill on session end.
 //! * `managed` — one process as the methods see it: events, stdin writer, group, terminal.
 //! * `retention` — the `seq` counter, retained chunks and the read snapshot algorithm.
+//! * `output_budget` — retained output of all processes: the per-session cap and the
+//!   server's budget, evicting the oldest output of the largest holder.
 //! * `pump` — the per-process task that collects output and exit and sends notifications.
 //! * `spawn` — the spawner thread that creates a keeper per process with `clone(CLONE_VM)`.
+//! * `spawn_queue` — the spawner's queue, where sessions take turns.
 //! * `keeper` — the keeper: creates the target, reports its exit, kills its whole tree.
 //! * `keepers` — the session's live keepers: killed with the session, reaped when they exit.
 //! * `raw` — raw system calls for code that runs in the server's memory outside its threads.
@@ -16,11 +21,13 @@
 //! * `terminal` — pseudo-terminal pairs.
 //! * `sys` — thin wrappers over the system calls used on the server side.
 
+mod admission;
 pub mod config;
 mod environment;
 mod keeper;
 mod keepers;
 mod managed;
+mod output_budget;
 mod pump;
 mod raw;
 mod read;
@@ -28,6 +35,7 @@ mod resize;
 mod retention;
 mod signal;
 mod spawn;
+mod spawn_queue;
 mod start;
 mod sys;
 mod table;
@@ -66,6 +74,10 @@ exec_server_core::inventory::submit! {
 /// State shared by every handler of the plugin.
 pub(crate) struct ProcessPlugin {
     config: ProcessConfig,
+    /// The retained output of every session's processes together.
+    output_budget: Arc<output_budget::OutputBudget>,
+    /// The descriptors `process/start` leaves free.
+    descriptors: admission::DescriptorReserve,
     /// Where sandboxed starts go: the launcher and its settings.
     sandbox: Arc<exec_server_sandbox::SandboxRuntime>,
     /// The variable named by `relay.token_env`, never inherited through `envPolicy`.
@@ -88,6 +100,11 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
         .and_then(|relay| relay.token_env);
     let sandbox = exec_server_sandbox::SandboxRuntime::shared(install)?;
     let plugin = Arc::new(ProcessPlugin {
+        output_budget: output_budget::OutputBudget::new(
+            config.max_retained_output_bytes_per_session,
+            config.retained_output_budget_bytes,
+        ),
+        descriptors: admission::DescriptorReserve::new(config.fd_reserve),
         config,
         sandbox,
         relay_token_env,
@@ -102,6 +119,9 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
 }
 
 /// The calling session's process table.
-fn table(cx: &Call) -> Arc<table::ProcessTable> {
-    cx.session().state(table::ProcessTable::default)
+fn table(plugin: &ProcessPlugin, cx: &Call) -> Arc<table::ProcessTable> {
+    cx.session().state(|| {
+        let budget = output_budget::SessionBudget::new(&plugin.output_budget);
+        table::ProcessTable::new(Some(budget))
+    })
 }

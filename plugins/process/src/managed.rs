@@ -4,14 +4,16 @@
 use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
-use exec_server_core::proto::process::TerminalSize;
+use bytes::Bytes;
+use exec_server_core::proto::process::{OutputStream, TerminalSize};
 use exec_server_core::proto::RpcError;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use crate::keepers::LiveKeeper;
+use crate::output_budget::{EvictOldest, EvictionCause, SessionBudget};
 use crate::retention::{EventLog, RetentionLimits, Snapshot};
 use crate::sys;
 
@@ -42,6 +44,9 @@ pub(crate) struct ManagedProcess {
     events: Mutex<EventLog>,
     /// Bumped after every recorded event; waiting reads and pending writes watch it.
     changed: watch::Sender<u64>,
+    /// The session's share of the retained output budget, enforced after each recording;
+    /// `None` in unit tests.
+    budget: Option<SessionBudget>,
 }
 
 struct StdinWriter {
@@ -49,33 +54,53 @@ struct StdinWriter {
     history: WriteIdHistory,
 }
 
+/// What a process is started with, besides its id.
+pub(crate) struct ProcessParts {
+    pub pid: libc::pid_t,
+    pub keeper: Arc<LiveKeeper>,
+    pub stdin_mode: StdinMode,
+    pub stdin: Option<Arc<AsyncFd<OwnedFd>>>,
+    pub retention: RetentionLimits,
+    pub write_id_history: usize,
+    /// Where its retained output is accounted; `None` in unit tests.
+    pub budget: Option<SessionBudget>,
+}
+
 impl ManagedProcess {
-    pub fn new(
-        id: String,
-        pid: libc::pid_t,
-        keeper: Arc<LiveKeeper>,
-        stdin_mode: StdinMode,
-        stdin: Option<Arc<AsyncFd<OwnedFd>>>,
-        retention: RetentionLimits,
-        write_id_history: usize,
-    ) -> Self {
+    pub fn new(id: String, parts: ProcessParts) -> Arc<Self> {
+        let ProcessParts {
+            pid,
+            keeper,
+            stdin_mode,
+            stdin,
+            retention,
+            write_id_history,
+            budget,
+        } = parts;
         let terminal = match stdin_mode {
             StdinMode::Terminal => stdin.clone(),
             _ => None,
         };
-        Self {
-            id,
-            pid,
-            keeper,
-            stdin_mode,
-            terminal,
-            writer: tokio::sync::Mutex::new(StdinWriter {
-                sink: stdin,
-                history: WriteIdHistory::new(write_id_history),
-            }),
-            events: Mutex::new(EventLog::new(retention)),
-            changed: watch::Sender::new(0),
-        }
+        Arc::new_cyclic(|this: &Weak<Self>| {
+            let account = budget.as_ref().map(|budget| {
+                let output: Weak<dyn EvictOldest> = this.clone();
+                budget.register(output)
+            });
+            Self {
+                id,
+                pid,
+                keeper,
+                stdin_mode,
+                terminal,
+                writer: tokio::sync::Mutex::new(StdinWriter {
+                    sink: stdin,
+                    history: WriteIdHistory::new(write_id_history),
+                }),
+                events: Mutex::new(EventLog::new(retention, account)),
+                changed: watch::Sender::new(0),
+                budget,
+            }
+        })
     }
 
     fn events(&self) -> std::sync::MutexGuard<'_, EventLog> {
@@ -87,6 +112,16 @@ impl ManagedProcess {
         let result = record(&mut self.events());
         self.changed.send_modify(|n| *n += 1);
         result
+    }
+
+    /// Records an output chunk, then keeps the session and the server within their
+    /// retained output limits; returns the chunk's `seq`.
+    pub fn record_output(&self, stream: OutputStream, chunk: Bytes) -> u64 {
+        let seq = self.record(|log| log.record_output(stream, chunk));
+        if let Some(budget) = &self.budget {
+            budget.enforce();
+        }
+        seq
     }
 
     pub fn snapshot(&self, after_seq: u64, max_bytes: Option<u64>) -> Snapshot {
@@ -178,6 +213,12 @@ impl ManagedProcess {
                 Err(RpcError::stdin_write_failed())
             }
         }
+    }
+}
+
+impl EvictOldest for ManagedProcess {
+    fn evict_oldest(&self, charge: usize, cause: EvictionCause) -> usize {
+        self.events().evict_oldest(charge, cause)
     }
 }
 

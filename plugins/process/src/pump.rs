@@ -6,7 +6,11 @@
 //! queue before reading on, so a client that stops reading pauses collection for its own
 //! processes only (§2.9), and memory stays bounded by the queue plus the retention limits.
 //! While the session is detached nothing waits, output keeps being recorded and old chunks
-//! are evicted (§4.6).
+//! are evicted (§4.6, and the session cap and server budget of [`crate::output_budget`]).
+//!
+//! Each read goes into an allocation of its own, of one chunk's size, which is shrunk in
+//! place to what the read returned: a retained chunk holds exactly its bytes (no slice of a
+//! larger buffer it would keep alive), and an idle process holds no buffer at all.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -14,7 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use exec_server_core::metrics::{self, Counter, Gauge};
 use exec_server_core::proto::bytes::base64_json;
 use exec_server_core::proto::process::{
@@ -31,12 +35,9 @@ use crate::managed::ManagedProcess;
 use crate::sys;
 use crate::table::ProcessTable;
 
-/// Bytes requested per `read(2)`: more than a pipe holds by default (64 KiB), so one
-/// wake-up drains it.
-const READ_BYTES: usize = 256 * 1024;
-/// A new read buffer is allocated when less than this is left in the current one. Chunks
-/// share their buffer, so this bounds the memory retained chunks can pin beyond their size.
-const MIN_READ_BYTES: usize = 16 * 1024;
+/// The most bytes one `read(2)` asks for, and so the largest chunk whatever
+/// `process.output_chunk_bytes` says: more than a pipe holds by default (64 KiB).
+const MAX_READ_BYTES: usize = 256 * 1024;
 /// Reads per stream after the exit is seen and before it is recorded, so that what the
 /// child wrote before exiting precedes its exit event (a descendant may write forever).
 const DRAIN_READS: usize = 64;
@@ -76,7 +77,6 @@ pub(crate) struct Pump {
     pub response_queued: Option<ResponseQueued>,
     pub chunk_bytes: usize,
     pub closed_retention: Duration,
-    pub buffer: BytesMut,
     /// For a process confined by the sandbox: how long output may still arrive after its
     /// exit before `sandboxDenied` is computed (`sandbox.exit_output_grace_ms`).
     pub sandboxed_grace: Option<Duration>,
@@ -242,11 +242,12 @@ impl Pump {
             return ReadOutcome::Eof;
         };
         let (fd, stream) = (Arc::clone(&source.fd), source.stream);
-        if self.buffer.capacity() - self.buffer.len() < MIN_READ_BYTES {
-            self.buffer = BytesMut::with_capacity(READ_BYTES);
-        }
-        let spare: &mut [MaybeUninit<u8>] = self.buffer.spare_capacity_mut();
-        let n = match fd.try_io(Interest::READABLE, |fd| sys::read(fd.as_raw_fd(), spare)) {
+        let capacity = self.chunk_bytes.min(MAX_READ_BYTES);
+        let mut data = Vec::with_capacity(capacity);
+        let read = fd.try_io(Interest::READABLE, |fd| {
+            sys::read(fd.as_raw_fd(), data.spare_capacity_mut())
+        });
+        let n = match read {
             Ok(0) => return ReadOutcome::Eof,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::WouldBlock,
@@ -261,33 +262,30 @@ impl Pump {
             }
         };
         // SAFETY: read(2) initialised the first `n` bytes of the spare capacity.
-        unsafe { self.buffer.set_len(n) };
-        let data = self.buffer.split().freeze();
-        self.publish(stream, data).await;
+        unsafe { data.set_len(n) };
+        // Shrinking gives the tail back without copying (the allocator splits the block).
+        data.shrink_to_fit();
+        self.publish(stream, Bytes::from(data)).await;
         ReadOutcome::Data
     }
 
-    async fn publish(&mut self, stream: OutputStream, data: Bytes) {
-        let pieces: Vec<Bytes> = (0..data.len())
-            .step_by(self.chunk_bytes)
-            .map(|start| data.slice(start..data.len().min(start + self.chunk_bytes)))
-            .collect();
-        let first_seq = self.process.record(|log| {
-            let first = log.record_output(stream, pieces[0].clone());
-            for piece in &pieces[1..] {
-                log.record_output(stream, piece.clone());
-            }
-            first
-        });
-        for (seq, piece) in (first_seq..).zip(&pieces) {
-            let output = OutputNotification {
-                process_id: self.process.id.clone(),
+    async fn publish(&mut self, stream: OutputStream, chunk: Bytes) {
+        let seq = self.process.record_output(stream, chunk.clone());
+        if let Some(queued) = self.response_queued.take() {
+            queued.wait().await;
+        }
+        // Encoded only once the client's queue has room, and not at all while the session
+        // is detached (no notification is produced then, §4.4): a pump waiting for a slow
+        // client holds the chunk, which is retained anyway, and nothing more.
+        let process_id = &self.process.id;
+        self.session
+            .notify_with(OUTPUT, || OutputNotification {
+                process_id: process_id.clone(),
                 seq,
                 stream,
-                chunk: base64_json(piece),
-            };
-            self.notify(OUTPUT, &output).await;
-        }
+                chunk: base64_json(&chunk),
+            })
+            .await;
     }
 
     async fn notify<P: Serialize>(&mut self, method: &str, params: &P) {

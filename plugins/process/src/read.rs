@@ -32,7 +32,7 @@ pub(crate) async fn read(
     mut cx: Call,
     params: ReadParams,
 ) -> Result<ReadResult<WireBytes>, RpcError> {
-    let process = match crate::table(&cx).lookup(&params.process_id) {
+    let process = match crate::table(&plugin, &cx).lookup(&params.process_id) {
         Lookup::Unknown => return Err(RpcError::unknown_process(&params.process_id)),
         Lookup::Starting => return Err(RpcError::process_starting(&params.process_id)),
         Lookup::Started(process) => process,

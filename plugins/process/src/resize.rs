@@ -12,14 +12,14 @@ use crate::table::Lookup;
 use crate::ProcessPlugin;
 
 pub(crate) async fn resize(
-    _plugin: Arc<ProcessPlugin>,
+    plugin: Arc<ProcessPlugin>,
     cx: Call,
     params: ResizeParams,
 ) -> Result<Empty, RpcError> {
     if params.rows == 0 || params.cols == 0 {
         return Err(RpcError::zero_resize());
     }
-    let process = match crate::table(&cx).lookup(&params.process_id) {
+    let process = match crate::table(&plugin, &cx).lookup(&params.process_id) {
         Lookup::Unknown => return Err(RpcError::unknown_process(&params.process_id)),
         Lookup::Starting => return Err(RpcError::process_starting(&params.process_id)),
         Lookup::Started(process) => process,

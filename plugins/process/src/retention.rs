@@ -1,12 +1,25 @@
 //! What a process has recorded: its `seq` counter, retained output chunks (PROTOCOL §4.6),
 //! exit and close state, and the snapshot algorithm of `process/read` (§4.5.3).
+//!
+//! Retained output is charged to the session's cap and the server's budget
+//! ([`crate::output_budget`]) at what it really holds: each chunk is an allocation of its
+//! own size, plus [`CHUNK_OVERHEAD_BYTES`] of bookkeeping.
 
 use std::collections::VecDeque;
 
 use bytes::Bytes;
 use exec_server_core::proto::process::OutputStream;
 
-/// One recorded output chunk. `data` shares the buffer it was read into (no copy).
+use crate::output_budget::{EvictionCause, HolderAccount};
+
+/// What one retained chunk costs beyond its bytes: its slot in the deque (48 bytes), the
+/// allocator's header and rounding of its allocation, and the record `Bytes` adds once the
+/// chunk is shared with a reader. Charged so that many tiny chunks cannot hide their size:
+/// 50,000 one-byte chunks hold about 5 MB, not 50 KB.
+pub(crate) const CHUNK_OVERHEAD_BYTES: usize = 96;
+
+/// One recorded output chunk: `data` is an allocation of exactly its own size, never a
+/// slice of a larger buffer that it would keep alive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Chunk {
     pub seq: u64,
@@ -27,15 +40,23 @@ pub(crate) struct RetainedOutput {
     chunks: VecDeque<Chunk>,
     bytes: usize,
     limits: RetentionLimits,
+    /// This process's entry in the server's retained output budget; `None` in unit tests.
+    account: Option<HolderAccount>,
 }
 
 impl RetainedOutput {
-    pub fn new(limits: RetentionLimits) -> Self {
+    pub fn new(limits: RetentionLimits, account: Option<HolderAccount>) -> Self {
         Self {
             chunks: VecDeque::new(),
             bytes: 0,
             limits,
+            account,
         }
+    }
+
+    /// What the retained chunks hold: their bytes and their bookkeeping.
+    pub fn charge(&self) -> usize {
+        self.bytes + self.chunks.len() * CHUNK_OVERHEAD_BYTES
     }
 
     /// Adds a chunk and evicts the oldest ones until both limits hold again (the new chunk
@@ -43,11 +64,48 @@ impl RetainedOutput {
     pub fn push(&mut self, chunk: Chunk) {
         self.bytes += chunk.data.len();
         self.chunks.push_back(chunk);
+        let (mut chunks, mut bytes) = (0, 0);
         while self.bytes > self.limits.max_bytes || self.chunks.len() > self.limits.max_chunks {
-            let Some(evicted) = self.chunks.pop_front() else {
+            let Some(evicted) = self.pop_oldest() else {
                 break;
             };
-            self.bytes -= evicted.data.len();
+            chunks += 1;
+            bytes += evicted.data.len();
+        }
+        if chunks > 0 {
+            EvictionCause::ProcessLimit.record(chunks, bytes);
+        }
+        self.report();
+    }
+
+    /// Evicts the oldest chunks until at least `charge` is freed or nothing is left (for
+    /// the session cap or the server budget); returns the charge freed.
+    pub fn evict_oldest(&mut self, charge: usize, cause: EvictionCause) -> usize {
+        let before = self.charge();
+        let (mut chunks, mut bytes) = (0, 0);
+        while before - self.charge() < charge {
+            let Some(evicted) = self.pop_oldest() else {
+                break;
+            };
+            chunks += 1;
+            bytes += evicted.data.len();
+        }
+        if chunks > 0 {
+            cause.record(chunks, bytes);
+            self.report();
+        }
+        before - self.charge()
+    }
+
+    fn pop_oldest(&mut self) -> Option<Chunk> {
+        let evicted = self.chunks.pop_front()?;
+        self.bytes -= evicted.data.len();
+        Some(evicted)
+    }
+
+    fn report(&self) {
+        if let Some(account) = &self.account {
+            account.set_charge(self.charge());
         }
     }
 
@@ -111,9 +169,9 @@ impl Snapshot {
 }
 
 impl EventLog {
-    pub fn new(limits: RetentionLimits) -> Self {
+    pub fn new(limits: RetentionLimits, account: Option<HolderAccount>) -> Self {
         Self {
-            output: RetainedOutput::new(limits),
+            output: RetainedOutput::new(limits, account),
             next_seq: 1,
             exit_code: None,
             sandbox_denied: false,
@@ -162,6 +220,11 @@ impl EventLog {
         self.take_seq()
     }
 
+    /// See [`RetainedOutput::evict_oldest`].
+    pub fn evict_oldest(&mut self, charge: usize, cause: EvictionCause) -> usize {
+        self.output.evict_oldest(charge, cause)
+    }
+
     pub fn exit_code(&self) -> Option<i32> {
         self.exit_code
     }
@@ -197,7 +260,7 @@ mod tests {
     };
 
     fn log_with(sizes: &[usize]) -> EventLog {
-        let mut log = EventLog::new(ROOMY);
+        let mut log = EventLog::new(ROOMY, None);
         for size in sizes {
             log.record_output(OutputStream::Stdout, Bytes::from(vec![b'x'; *size]));
         }
@@ -210,10 +273,13 @@ mod tests {
 
     #[test]
     fn eviction_by_bytes_drops_the_oldest_first() {
-        let mut out = RetainedOutput::new(RetentionLimits {
-            max_bytes: 10,
-            max_chunks: 100,
-        });
+        let mut out = RetainedOutput::new(
+            RetentionLimits {
+                max_bytes: 10,
+                max_chunks: 100,
+            },
+            None,
+        );
         for seq in 1..=4 {
             out.push(Chunk {
                 seq,
@@ -234,11 +300,41 @@ mod tests {
     }
 
     #[test]
+    fn the_charge_counts_bookkeeping_and_eviction_for_the_budget_takes_the_oldest() {
+        let mut out = RetainedOutput::new(ROOMY, None);
+        for seq in 1..=4 {
+            out.push(Chunk {
+                seq,
+                stream: OutputStream::Stdout,
+                data: Bytes::from(vec![b'x'; 100]),
+            });
+        }
+        assert_eq!(out.charge(), 4 * (100 + CHUNK_OVERHEAD_BYTES));
+        // Asked for a little more than one chunk: two go, oldest first.
+        let freed = out.evict_oldest(100 + CHUNK_OVERHEAD_BYTES + 1, EvictionCause::SessionCap);
+        assert_eq!(freed, 2 * (100 + CHUNK_OVERHEAD_BYTES));
+        assert_eq!(out.seqs(), [3, 4]);
+        assert_eq!(
+            out.evict_oldest(usize::MAX, EvictionCause::GlobalBudget),
+            out_charge(2)
+        );
+        assert!(out.seqs().is_empty());
+        assert_eq!(out.evict_oldest(1, EvictionCause::GlobalBudget), 0);
+    }
+
+    fn out_charge(chunks: usize) -> usize {
+        chunks * (100 + CHUNK_OVERHEAD_BYTES)
+    }
+
+    #[test]
     fn eviction_by_chunk_count() {
-        let mut out = RetainedOutput::new(RetentionLimits {
-            max_bytes: 1000,
-            max_chunks: 3,
-        });
+        let mut out = RetainedOutput::new(
+            RetentionLimits {
+                max_bytes: 1000,
+                max_chunks: 3,
+            },
+            None,
+        );
         for seq in 1..=5 {
             out.push(Chunk {
                 seq,
@@ -304,10 +400,13 @@ mod tests {
 
     #[test]
     fn gaps_after_eviction_stay_visible_in_seq() {
-        let mut log = EventLog::new(RetentionLimits {
-            max_bytes: 4,
-            max_chunks: 10,
-        });
+        let mut log = EventLog::new(
+            RetentionLimits {
+                max_bytes: 4,
+                max_chunks: 10,
+            },
+            None,
+        );
         for _ in 0..4 {
             log.record_output(OutputStream::Stdout, Bytes::from_static(b"ab"));
         }

@@ -12,11 +12,11 @@ use crate::table::Lookup;
 use crate::ProcessPlugin;
 
 pub(crate) async fn signal(
-    _plugin: Arc<ProcessPlugin>,
+    plugin: Arc<ProcessPlugin>,
     cx: Call,
     params: SignalParams,
 ) -> Result<Empty, RpcError> {
-    let Lookup::Started(process) = crate::table(&cx).lookup(&params.process_id) else {
+    let Lookup::Started(process) = crate::table(&plugin, &cx).lookup(&params.process_id) else {
         return Ok(Empty {});
     };
     // Until the close, descendants of an exited child may still be in its group.

@@ -19,8 +19,9 @@
 //! * **One spawner thread.** The kernel delivers the parent-death signal when the *thread*
 //!   that created the child ends, not the process. Keepers are therefore created by one
 //!   thread that lives as long as the server (it is never joined and its queue is never
-//!   closed), so the signal fires exactly when the server dies. Requests reach it over a
-//!   channel; each spawn takes microseconds, so serialising them costs nothing measurable.
+//!   closed), so the signal fires exactly when the server dies. Requests reach it through
+//!   a queue where sessions take turns ([`crate::spawn_queue`]); each spawn takes
+//!   microseconds, so serialising them costs nothing measurable.
 //! * **pidfds.** `CLONE_PIDFD` returns a descriptor for the keeper, which the server uses to
 //!   signal it and to reap it (`waitid(P_PIDFD)`), so pid reuse cannot misdirect either.
 //!   This needs Linux 5.4 or later.
@@ -28,11 +29,15 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use exec_server_core::proto::error::io_error_text;
+use exec_server_core::proto::RpcError;
 use tokio::sync::oneshot;
 
+use crate::admission::{DescriptorReserve, DESCRIPTORS_TO_SPAWN};
 use crate::keeper::{keeper_main, KeeperArgs, Report, KILL_TREE, RECORD_BYTES};
+use crate::spawn_queue::{FairQueue, Owner};
 use crate::sys;
 
 /// The target's stack: it only makes system calls before `execve`.
@@ -110,14 +115,43 @@ impl Spawned {
     }
 }
 
+/// Why the spawner created nothing.
+#[derive(Debug)]
+pub(crate) enum SpawnError {
+    /// A step of the spawn failed.
+    Os(io::Error),
+    /// What the spawner would open for the start eats into the descriptor reserve.
+    Refused(RpcError),
+}
+
+impl SpawnError {
+    /// The answer to the `process/start` (PROTOCOL §4.2.3 row 11, or the reserve's refusal).
+    pub(crate) fn into_rpc(self) -> RpcError {
+        match self {
+            SpawnError::Os(error) => RpcError::spawn_failed(io_error_text(&error)),
+            SpawnError::Refused(refusal) => refusal,
+        }
+    }
+
+    #[cfg(test)]
+    fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            SpawnError::Os(error) => error.raw_os_error(),
+            SpawnError::Refused(_) => None,
+        }
+    }
+}
+
 struct Job {
     command: Command,
-    reply: oneshot::Sender<io::Result<Spawned>>,
+    /// Checked before the spawner opens anything for the job; `None`: no reserve.
+    reserve: Option<DescriptorReserve>,
+    reply: oneshot::Sender<Result<Spawned, SpawnError>>,
 }
 
 /// Handle to the spawner thread.
 pub(crate) struct Spawner {
-    jobs: mpsc::Sender<Job>,
+    jobs: Arc<FairQueue<Job>>,
 }
 
 impl Spawner {
@@ -126,35 +160,54 @@ impl Spawner {
         static SPAWNER: OnceLock<Result<Spawner, String>> = OnceLock::new();
         SPAWNER
             .get_or_init(|| {
-                let (tx, rx) = mpsc::channel();
+                let jobs = Arc::new(FairQueue::new());
+                let queue = Arc::clone(&jobs);
                 std::thread::Builder::new()
                     .name("exec-server-spawner".into())
-                    .spawn(move || spawner_main(rx))
-                    .map(|_| Spawner { jobs: tx })
+                    .spawn(move || spawner_main(&queue))
+                    .map(|_| Spawner { jobs })
                     .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| io::Error::other(e.clone()))
     }
 
-    /// Creates the keeper and target described by `command`. If the caller stops waiting,
-    /// the spawner kills the tree and reaps the keeper itself.
-    pub(crate) async fn spawn(&self, command: Command) -> io::Result<Spawned> {
+    /// Creates the keeper and target described by `command`, in `owner`'s turn (one key
+    /// per session), unless the descriptors that takes would eat into `reserve`. If the
+    /// caller stops waiting, the spawner kills the tree and reaps the keeper itself.
+    pub(crate) async fn spawn(
+        &self,
+        owner: Owner,
+        command: Command,
+        reserve: Option<DescriptorReserve>,
+    ) -> Result<Spawned, SpawnError> {
         let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job { command, reply })
-            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        let job = Job {
+            command,
+            reserve,
+            reply,
+        };
+        self.jobs.push(owner, job);
         answer
             .await
-            .map_err(|_| io::Error::other("the spawner thread is gone"))?
+            .map_err(|_| SpawnError::Os(io::Error::other("the spawner thread is gone")))?
     }
 }
 
-fn spawner_main(jobs: mpsc::Receiver<Job>) {
+fn spawner_main(jobs: &FairQueue<Job>) {
     // SAFETY: getpid has no preconditions.
     let server_pid = unsafe { libc::getpid() };
-    while let Ok(Job { command, reply }) = jobs.recv() {
-        let result = spawn_child(server_pid, &command);
+    loop {
+        let Job {
+            command,
+            reserve,
+            reply,
+        } = jobs.pop();
+        // The start was cancelled while it waited: nothing to create.
+        if reply.is_closed() {
+            continue;
+        }
+        let result = spawn_child(server_pid, &command, reserve.as_ref());
         // Closes the child's ends of its pipes and terminal in the server.
         drop(command);
         if let Err(Ok(orphan)) = reply.send(result) {
@@ -282,15 +335,24 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
         .collect()
 }
 
-fn spawn_child(server_pid: libc::pid_t, command: &Command) -> io::Result<Spawned> {
-    let stack = KeeperStack::take()?;
+fn spawn_child(
+    server_pid: libc::pid_t,
+    command: &Command,
+    reserve: Option<&DescriptorReserve>,
+) -> Result<Spawned, SpawnError> {
+    // Until the status pipe and the pidfd are open.
+    let admitted = reserve
+        .map(|reserve| reserve.admit(DESCRIPTORS_TO_SPAWN))
+        .transpose()
+        .map_err(SpawnError::Refused)?;
+    let stack = KeeperStack::take().map_err(SpawnError::Os)?;
     let pipe = sys::pipe();
     let (status_read, status_write) = match pipe {
         Ok(pipe) => pipe,
         Err(e) => {
             // SAFETY: no keeper runs on it.
             unsafe { stack.release() };
-            return Err(e);
+            return Err(SpawnError::Os(e));
         }
     };
     // These and `command` stay alive and unchanged until the keeper's first record.
@@ -349,10 +411,11 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> io::Result<Spawned
         libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
         (pid, clone_errno)
     };
+    drop(admitted);
     if pid < 0 {
         // SAFETY: no keeper was created.
         unsafe { stack.release() };
-        return Err(io::Error::from_raw_os_error(clone_errno));
+        return Err(SpawnError::Os(io::Error::from_raw_os_error(clone_errno)));
     }
     // Only the keeper holds the write end now: end-of-file means it is gone.
     drop(status_write);
@@ -369,14 +432,14 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> io::Result<Spawned
         }),
         Ok(Some(Report::Failed(errno))) => {
             keeper.reap_blocking();
-            Err(io::Error::from_raw_os_error(errno))
+            Err(SpawnError::Os(io::Error::from_raw_os_error(errno)))
         }
         Ok(_) | Err(_) => {
             keeper.kill_tree();
             keeper.reap_blocking();
-            Err(io::Error::other(
+            Err(SpawnError::Os(io::Error::other(
                 "the process keeper exited before starting the process",
-            ))
+            )))
         }
     }
 }
@@ -434,7 +497,11 @@ mod tests {
         items.iter().map(|s| CString::new(*s).unwrap()).collect()
     }
 
-    fn run(argv: &[&str], candidates: &[&str], cwd: &str) -> (io::Result<Spawned>, Vec<u8>) {
+    fn run(
+        argv: &[&str],
+        candidates: &[&str],
+        cwd: &str,
+    ) -> (Result<Spawned, SpawnError>, Vec<u8>) {
         let (stdin, _stdin_w) = sys::pipe().unwrap();
         let (out_r, out_w) = sys::pipe().unwrap();
         let (err_r, err_w) = sys::pipe().unwrap();
@@ -453,7 +520,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let result = rt.block_on(Spawner::global().unwrap().spawn(command));
+        let result = rt.block_on(Spawner::global().unwrap().spawn(0, command, None));
         let mut out = Vec::new();
         std::fs::File::from(out_r).read_to_end(&mut out).unwrap();
         (result, out)
@@ -527,7 +594,7 @@ mod tests {
             .build()
             .unwrap();
         let spawned = rt
-            .block_on(Spawner::global().unwrap().spawn(command))
+            .block_on(Spawner::global().unwrap().spawn(0, command, None))
             .unwrap();
         let mut line = String::new();
         std::io::BufRead::read_line(

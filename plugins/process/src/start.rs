@@ -1,5 +1,6 @@
-//! `process/start` (PROTOCOL §4.2): validation in the spec's order, id reservation, spawn,
-//! and hand-over of the child's streams to its [`Pump`].
+//! `process/start` (PROTOCOL §4.2): validation in the spec's order, id reservation within
+//! the session's process quota, the descriptor reserve, spawn, and hand-over of the child's
+//! streams to its [`Pump`].
 
 use std::ffi::{CString, OsString};
 use std::io;
@@ -9,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use exec_server_core::proto::error::io_error_text;
 use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::process::{
@@ -26,10 +26,11 @@ use exec_server_sandbox::fs_helper::runner::ENV_ALLOW_LIST;
 use exec_server_sandbox::narrow::NarrowingOutcome;
 use exec_server_sandbox::policy::{Network, SandboxDecision, SandboxPolicy};
 
+use crate::admission::{DESCRIPTORS_TO_PREPARE, PROCESSES};
 use crate::keepers::LiveKeeper;
-use crate::managed::{ManagedProcess, StdinMode};
+use crate::managed::{ManagedProcess, ProcessParts, StdinMode};
 use crate::pump::{wait_exit, OutputSource, Pump};
-use crate::spawn::{ChildStdio, Command, Spawned, Spawner};
+use crate::spawn::{ChildStdio, Command, SpawnError, Spawned, Spawner};
 use crate::{environment, sys, terminal, ProcessPlugin};
 
 /// Terminal size when `size` is not given (§4.2.1).
@@ -41,21 +42,27 @@ pub(crate) async fn start(
     params: StartParams,
 ) -> Result<StartResult, RpcError> {
     let (cwd, size, decision) = validate(&plugin, &params)?;
-    let table = crate::table(&cx);
-    let reservation = table.reserve(&params.process_id)?;
-
-    let mut prepared = prepare(&plugin, &params, &cwd, size, decision.policy())
-        .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
+    let table = crate::table(&plugin, &cx);
+    let limit = plugin.config.max_processes_per_session;
+    let mut reservation = table.reserve(&params.process_id, || {
+        PROCESSES.acquire(cx.session(), limit, 1)
+    })?;
+    let mut prepared = {
+        let _admitted = plugin.descriptors.admit(DESCRIPTORS_TO_PREPARE)?;
+        prepare(&plugin, &params, &cwd, size, decision.policy())
+            .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?
+    };
     let launch = prepared.launch.take();
     let spawner = Spawner::global().map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
     let spawned = tokio::select! {
         biased;
         _ = reservation.cancelled() => {
-            // Dropping the spawn request makes the spawner kill and reap the child.
+            // Dropping the spawn request makes the spawner skip it, or kill and reap the
+            // child it created.
             return Err(RpcError::start_cancelled(&params.process_id));
         }
-        spawned = spawner.spawn(prepared.command) => {
-            spawned.map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?
+        spawned = spawner.spawn(table.spawn_owner, prepared.command, Some(plugin.descriptors.clone())) => {
+            spawned.map_err(SpawnError::into_rpc)?
         }
     };
     let Spawned {
@@ -63,8 +70,9 @@ pub(crate) async fn start(
         keeper,
         status,
     } = spawned;
-    // From here on the keeper dies with the session and is reaped when it exits.
-    let keeper = table.keepers.adopt(keeper);
+    // From here on the keeper dies with the session and is reaped when it exits; its tree
+    // holds the process's share of the quota until then.
+    let keeper = table.keepers.adopt(keeper, reservation.take_share());
     let status =
         match sys::set_nonblocking(&status).and_then(|()| register(status, Interest::READABLE)) {
             Ok(status) => status,
@@ -89,15 +97,18 @@ pub(crate) async fn start(
     };
 
     let config = &plugin.config;
-    let process = Arc::new(ManagedProcess::new(
+    let process = ManagedProcess::new(
         params.process_id.clone(),
-        pid,
-        Arc::clone(&keeper),
-        prepared.stdin_mode,
-        prepared.stdin,
-        config.retention(),
-        config.write_id_history,
-    ));
+        ProcessParts {
+            pid,
+            keeper: Arc::clone(&keeper),
+            stdin_mode: prepared.stdin_mode,
+            stdin: prepared.stdin,
+            retention: config.retention(),
+            write_id_history: config.write_id_history,
+            budget: table.output_budget.clone(),
+        },
+    );
     if let Err(e) = reservation.commit(&process) {
         process.kill_tree();
         return Err(e);
@@ -113,7 +124,6 @@ pub(crate) async fn start(
         response_queued: Some(cx.response_queued()),
         chunk_bytes: config.output_chunk_bytes,
         closed_retention: Duration::from_millis(config.closed_retention_ms),
-        buffer: BytesMut::new(),
         sandboxed_grace: (sandbox_type == SandboxType::LinuxSeccomp)
             .then(|| Duration::from_millis(plugin.sandbox.config().exit_output_grace_ms)),
     };

@@ -2,14 +2,17 @@
 //! started, id reservation and release, and killing everything when the session ends.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use exec_server_core::proto::RpcError;
-use exec_server_core::SessionState;
+use exec_server_core::{QuotaLease, SessionState};
 use tokio_util::sync::CancellationToken;
 
 use crate::keepers::KeeperRegistry;
 use crate::managed::ManagedProcess;
+use crate::output_budget::SessionBudget;
+use crate::spawn_queue::Owner;
 
 /// What a `processId` currently names in a session.
 pub(crate) enum Lookup {
@@ -29,7 +32,6 @@ struct StartTicket {
     cancelled: CancellationToken,
 }
 
-#[derive(Default)]
 pub(crate) struct ProcessTable {
     slots: Mutex<HashMap<String, Slot>>,
     /// Cancelled when the session ends: output collection stops and no new process may be
@@ -37,9 +39,24 @@ pub(crate) struct ProcessTable {
     ended: CancellationToken,
     /// Every keeper of the session not reaped yet, including those of removed processes.
     pub keepers: Arc<KeeperRegistry>,
+    /// The session's share of the server's retained output budget; `None` in unit tests.
+    pub output_budget: Option<SessionBudget>,
+    /// The session's key at the spawner, where sessions take turns.
+    pub spawn_owner: Owner,
 }
 
 impl ProcessTable {
+    pub fn new(output_budget: Option<SessionBudget>) -> Self {
+        static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+        Self {
+            slots: Mutex::default(),
+            ended: CancellationToken::new(),
+            keepers: Arc::default(),
+            output_budget,
+            spawn_owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
     fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.slots.lock().expect("process table lock")
     }
@@ -52,13 +69,20 @@ impl ProcessTable {
         }
     }
 
-    /// Row 10 of §4.2.3: reserves `id` in the *starting* state. The reservation is released
-    /// when dropped uncommitted (a failed, cancelled or abandoned start).
-    pub fn reserve(self: &Arc<Self>, id: &str) -> Result<Reservation, RpcError> {
+    /// Row 10 of §4.2.3: reserves `id` in the *starting* state, if `share` (the session's
+    /// process quota) admits one more process; a refusal leaves nothing behind. The
+    /// reservation is released when dropped uncommitted (a failed, cancelled or abandoned
+    /// start).
+    pub fn reserve(
+        self: &Arc<Self>,
+        id: &str,
+        share: impl FnOnce() -> Result<QuotaLease, RpcError>,
+    ) -> Result<Reservation, RpcError> {
         let mut slots = self.slots();
         if slots.contains_key(id) {
             return Err(RpcError::process_exists(id));
         }
+        let share = share()?;
         let ticket = Arc::new(StartTicket {
             cancelled: CancellationToken::new(),
         });
@@ -67,6 +91,7 @@ impl ProcessTable {
             table: Arc::clone(self),
             id: id.to_owned(),
             ticket,
+            share: Some(share),
             committed: false,
         })
     }
@@ -129,10 +154,18 @@ pub(crate) struct Reservation {
     table: Arc<ProcessTable>,
     id: String,
     ticket: Arc<StartTicket>,
+    /// The process's share of the session's quota, until its keeper takes it over.
+    share: Option<QuotaLease>,
     committed: bool,
 }
 
 impl Reservation {
+    /// The process's share of the session's quota, for its keeper to hold until its tree is
+    /// gone.
+    pub fn take_share(&mut self) -> Option<QuotaLease> {
+        self.share.take()
+    }
+
     /// Resolves when `process/terminate` cancels the start or the session ends.
     pub async fn cancelled(&self) {
         tokio::select! {
@@ -172,14 +205,34 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use exec_server_core::session::{Outbound, SessionRegistry};
+    use exec_server_core::Quota;
+
+    static TEST_PROCESSES: Quota = Quota::new("test_processes", "processes", "test.max");
+
+    fn table() -> Arc<ProcessTable> {
+        Arc::new(ProcessTable::new(None))
+    }
+
+    /// A lease of a quota with room for everything, for tests about ids.
+    fn roomy() -> Result<QuotaLease, RpcError> {
+        static SESSION: std::sync::OnceLock<Arc<exec_server_core::Session>> =
+            std::sync::OnceLock::new();
+        let session = SESSION.get_or_init(|| {
+            let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
+            let (tx, _rx) = tokio::sync::mpsc::channel(1);
+            registry.create(Outbound::new(tx, None)).0
+        });
+        TEST_PROCESSES.acquire(session, usize::MAX, 1)
+    }
 
     #[test]
     fn reservations_block_the_id_until_released() {
-        let table = Arc::new(ProcessTable::default());
-        let reservation = table.reserve("a").unwrap();
+        let table = table();
+        let reservation = table.reserve("a", roomy).unwrap();
         assert!(matches!(table.lookup("a"), Lookup::Starting));
         assert_eq!(
-            table.reserve("a").err().unwrap().message,
+            table.reserve("a", roomy).err().unwrap().message,
             "process a already exists"
         );
         drop(reservation);
@@ -188,11 +241,11 @@ mod tests {
 
     #[test]
     fn cancelling_a_start_frees_the_id_for_a_new_start() {
-        let table = Arc::new(ProcessTable::default());
-        let first = table.reserve("a").unwrap();
+        let table = table();
+        let first = table.reserve("a", roomy).unwrap();
         assert!(table.cancel_start("a"));
         assert!(!table.cancel_start("a"));
-        let second = table.reserve("a").unwrap();
+        let second = table.reserve("a", roomy).unwrap();
         // The cancelled start's clean-up must not free the new reservation.
         drop(first);
         assert!(matches!(table.lookup("a"), Lookup::Starting));
@@ -202,20 +255,54 @@ mod tests {
 
     #[test]
     fn commit_after_cancel_fails_with_the_cancel_message() {
-        let table = Arc::new(ProcessTable::default());
-        let reservation = table.reserve("a").unwrap();
+        let table = table();
+        let reservation = table.reserve("a", roomy).unwrap();
         table.cancel_start("a");
-        let process = Arc::new(ManagedProcess::new(
+        let process = ManagedProcess::new(
             "a".into(),
-            1,
-            crate::keepers::LiveKeeper::for_tests(),
-            crate::managed::StdinMode::Closed,
-            None,
-            crate::ProcessConfig::default().retention(),
-            0,
-        ));
+            crate::managed::ProcessParts {
+                pid: 1,
+                keeper: crate::keepers::LiveKeeper::for_tests(),
+                stdin_mode: crate::managed::StdinMode::Closed,
+                stdin: None,
+                retention: crate::ProcessConfig::default().retention(),
+                write_id_history: 0,
+                budget: None,
+            },
+        );
         let err = reservation.commit(&process).unwrap_err();
         assert_eq!(err.message, "process a start was cancelled");
         assert_eq!(err.code, -32600);
+    }
+}
+
+#[cfg(test)]
+mod quota_tests {
+    use super::*;
+    use exec_server_core::session::{Outbound, SessionRegistry};
+    use exec_server_core::Quota;
+
+    static LIMITED: Quota = Quota::new("test_limited_processes", "processes", "test.max");
+
+    #[test]
+    fn a_start_refused_by_the_quota_reserves_nothing() {
+        let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let session = registry.create(Outbound::new(tx, None)).0;
+        let table = Arc::new(ProcessTable::new(None));
+        let share = || LIMITED.acquire(&session, 1, 1);
+        let mut first = table.reserve("a", share).unwrap();
+        let refused = table.reserve("b", share).err().unwrap();
+        assert_eq!(
+            refused.message,
+            "session quota reached: at most 1 processes at once (test.max)"
+        );
+        assert!(matches!(table.lookup("b"), Lookup::Unknown));
+        // The share outlives the reservation when taken over (by the keeper).
+        let kept = first.take_share();
+        drop(first);
+        assert!(table.reserve("b", share).is_err());
+        drop(kept);
+        assert!(table.reserve("b", share).is_ok());
     }
 }

@@ -10,11 +10,11 @@ use crate::table::Lookup;
 use crate::ProcessPlugin;
 
 pub(crate) async fn terminate(
-    _plugin: Arc<ProcessPlugin>,
+    plugin: Arc<ProcessPlugin>,
     cx: Call,
     params: TerminateParams,
 ) -> Result<TerminateResult, RpcError> {
-    let table = crate::table(&cx);
+    let table = crate::table(&plugin, &cx);
     let running = match table.lookup(&params.process_id) {
         Lookup::Unknown => false,
         // The pending process/start then fails with "start was cancelled". If the start

@@ -1,4 +1,6 @@
-//! `process/write` (PROTOCOL §4.7).
+//! `process/write` (PROTOCOL §4.7). The bytes of a write count against the session's
+//! pending-write quota until every one of them is handed to the OS: a child that never
+//! reads its stdin cannot make the server hold unbounded data for it.
 
 use std::sync::Arc;
 
@@ -7,20 +9,28 @@ use exec_server_core::proto::process::{WriteParams, WriteResult, WriteStatus};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 
+use crate::admission::PENDING_WRITE_BYTES;
 use crate::managed::StdinMode;
 use crate::table::Lookup;
 use crate::ProcessPlugin;
 
 pub(crate) async fn write(
-    _plugin: Arc<ProcessPlugin>,
+    plugin: Arc<ProcessPlugin>,
     cx: Call,
     params: WriteParams,
 ) -> Result<WriteResult, RpcError> {
-    if params.write_id.as_deref() == Some("") {
+    let WriteParams {
+        process_id,
+        chunk,
+        write_id,
+    } = params;
+    if write_id.as_deref() == Some("") {
         return Err(RpcError::empty_write_id());
     }
-    let data = decode_base64(&params.chunk).map_err(|e| RpcError::invalid_params(e.to_string()))?;
-    let process = match crate::table(&cx).lookup(&params.process_id) {
+    let data = decode_base64(&chunk).map_err(|e| RpcError::invalid_params(e.to_string()))?;
+    // Only the decoded bytes are held while the write waits.
+    drop(chunk);
+    let process = match crate::table(&plugin, &cx).lookup(&process_id) {
         Lookup::Unknown => return Ok(WriteStatus::UnknownProcess.into()),
         Lookup::Starting => return Ok(WriteStatus::Starting.into()),
         Lookup::Started(process) => process,
@@ -28,6 +38,11 @@ pub(crate) async fn write(
     if process.stdin_mode == StdinMode::Closed {
         return Ok(WriteStatus::StdinClosed.into());
     }
-    process.write(&data, params.write_id.as_deref()).await?;
+    let _pending = PENDING_WRITE_BYTES.acquire(
+        cx.session(),
+        plugin.config.max_pending_write_bytes_per_session,
+        data.len(),
+    )?;
+    process.write(&data, write_id.as_deref()).await?;
     Ok(WriteStatus::Accepted.into())
 }

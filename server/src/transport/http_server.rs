@@ -33,6 +33,7 @@ use tower_service::Service as _;
 
 use super::accept_backoff::{error_label, is_connection_error, AcceptBackoff};
 use super::pending::{Evictions, PendingSlot, PendingTable};
+use crate::hygiene::DescriptorHeadroom;
 use crate::metrics::{self, Counter, Gauge};
 
 /// The limits of one listener, from `[listener]`.
@@ -81,7 +82,7 @@ pub async fn serve_http(
     shutdown: CancellationToken,
 ) {
     let metrics = Arc::new(ListenerMetrics::new(name));
-    let headroom = DescriptorHeadroom::new(limits.fd_reserve, name);
+    let headroom = ListenerHeadroom::new(limits.fd_reserve, name);
     let (max_pending, max_pending_per_peer) = headroom.pending_caps(&limits, name);
     let pending = PendingTable::new(max_pending_per_peer, max_pending, metrics.pending.clone());
     let open = Arc::new(Semaphore::new(limits.max_connections));
@@ -239,36 +240,27 @@ async fn serve_connection(
     drop(slot);
 }
 
-/// Decides whether an accepted descriptor eats into the reserve. The kernel hands out the
-/// lowest free descriptor number, so a socket numbered `n` proves descriptors `0..n` are
-/// all in use: one comparison, no counting.
-struct DescriptorHeadroom {
-    /// The soft `RLIMIT_NOFILE`, if limited.
-    limit: Option<u64>,
-    /// The first descriptor number inside the reserve; `None`: no reserve.
-    high_water: Option<u64>,
-}
+/// The listener's use of the descriptor reserve: accepted sockets inside it are refused,
+/// and the pending caps are fitted to what is left below it.
+struct ListenerHeadroom(DescriptorHeadroom);
 
-impl DescriptorHeadroom {
+impl ListenerHeadroom {
     fn new(reserve: usize, listener: &'static str) -> Self {
-        let limit = crate::hygiene::open_file_limit();
-        let high_water = limit.filter(|_| reserve > 0).map(|limit| {
-            // Never reserve more than half: a tiny limit must still admit connections.
-            let reserve = (reserve as u64).min(limit / 2);
+        let headroom = DescriptorHeadroom::new(reserve);
+        if let (Some(limit), Some(high_water)) = (headroom.limit(), headroom.high_water()) {
             tracing::debug!(
                 listener,
                 limit,
-                reserve,
+                reserve = headroom.reserve(),
+                high_water,
                 "connections are refused once descriptor numbers reach limit - reserve"
             );
-            limit - reserve
-        });
-        Self { limit, high_water }
+        }
+        Self(headroom)
     }
 
     fn exhausted(&self, stream: &TcpStream) -> bool {
-        self.high_water
-            .is_some_and(|high_water| stream.as_raw_fd() as u64 >= high_water)
+        self.0.would_exhaust(stream.as_raw_fd(), 1)
     }
 
     /// The pending caps in force: at most half the descriptors connections may use, so
@@ -276,7 +268,7 @@ impl DescriptorHeadroom {
     /// never reaches the reserve, where new connections — a legitimate one too — would be
     /// refused.
     fn pending_caps(&self, limits: &ListenerLimits, listener: &'static str) -> (usize, usize) {
-        let Some(usable) = self.high_water.or(self.limit) else {
+        let Some(usable) = self.0.high_water().or(self.0.limit()) else {
             return (limits.max_pending_connections, limits.max_pending_per_peer);
         };
         let budget = usize::try_from(usable / 2).unwrap_or(usize::MAX).max(1);
