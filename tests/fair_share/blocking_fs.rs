@@ -79,11 +79,15 @@ impl Target {
         self.server.child.id().expect("the server runs")
     }
 
-    /// `n` initialized connections, each its own session.
+    /// `n` initialized connections, each its own session, opted in to the `search`
+    /// extension (a search is one of the abuses).
     pub(super) async fn sessions(&self, n: usize) -> Vec<Client> {
         let mut clients = Vec::with_capacity(n);
         for _ in 0..n {
-            clients.push(self.server.connect_initialized().await);
+            let mut client = self.server.connect().await;
+            client.opt_in(&["search"]);
+            client.handshake().await;
+            clients.push(client);
         }
         clients
     }
