@@ -49,6 +49,7 @@ use exec_server_environment as _;
 use exec_server_fs as _;
 use exec_server_process as _;
 use exec_server_relay as _;
+use exec_server_rendezvous as _;
 use exec_server_search as _;
 
 /// Plugins this library is built with, and the crate that provides each.
@@ -57,6 +58,7 @@ pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
     ("fs", "exec-server-fs"),
     ("process", "exec-server-process"),
     ("relay", "exec-server-relay"),
+    ("rendezvous", "exec-server-rendezvous"),
     ("search", "exec-server-search"),
 ];
 
@@ -118,12 +120,12 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
         Some(cli::Command::Rendezvous { public_url }) => {
             init_logging();
             prepare_to_listen();
-            let args = exec_server_relay::rendezvous::RendezvousArgs {
+            let args = exec_server_rendezvous::RendezvousArgs {
                 listen: cli.listen.first().cloned(),
                 public_url,
                 listener: (&core.listener).into(),
             };
-            exec_server_relay::rendezvous::run_cli(&source, args)
+            exec_server_rendezvous::run_cli(&source, args)
         }
         None => serve(source, core),
     }

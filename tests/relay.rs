@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exec_server_relay::harness::{
+use exec_server_relay_core::harness::{
     connect_relay, RelayBundleProvider, RelayConnectArgs, RelayConnection, RelayError,
 };
-use exec_server_relay::noise::{NoiseIdentity, NoisePublicKey};
-use exec_server_relay::proto::{self, Body};
-use exec_server_relay::registry::{BaseUrl, ConnectBundle, RegistryClient, SecretString};
+use exec_server_relay_core::noise::{NoiseIdentity, NoisePublicKey};
+use exec_server_relay_core::proto::{self, Body};
+use exec_server_relay_core::registry::{BaseUrl, ConnectBundle, RegistryClient, SecretString};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -35,8 +35,7 @@ fn sha256_hex(text: &str) -> String {
 
 fn ring_digest(bytes: &[u8]) -> Vec<u8> {
     // The relay crate exposes SHA-256 through its token digest helper.
-    exec_server_relay::rendezvous::signing::token_digest(std::str::from_utf8(bytes).unwrap())
-        .to_vec()
+    exec_server_rendezvous::signing::token_digest(std::str::from_utf8(bytes).unwrap()).to_vec()
 }
 
 /// A running `exec-server rendezvous`.
@@ -1231,7 +1230,7 @@ async fn executor_behind_a_non_validating_router_counts_invalid_frames() {
 
 #[tokio::test]
 async fn failed_handshakes_close_the_executor_socket_with_1008_and_streams_resume() {
-    use exec_server_relay::noise::{prologue, IkSuite, NoiseSuite};
+    use exec_server_relay_core::noise::{prologue, IkSuite, NoiseSuite};
     let (proxy, rdv) = proxied_rendezvous("").await;
     let gate = start_gate(&rdv.direct).await;
     let _executor = start_executor_with(
@@ -1473,7 +1472,7 @@ fn query_value(url: &str, name: &str) -> String {
 }
 
 fn status_of<T: std::fmt::Debug>(
-    result: Result<T, exec_server_relay::registry::RegistryError>,
+    result: Result<T, exec_server_relay_core::registry::RegistryError>,
 ) -> u16 {
     result
         .expect_err("the registry must refuse")
@@ -1542,7 +1541,7 @@ async fn registry_bearer_tokens_and_connect_answers() {
 async fn until_status<T, F, Fut>(what: &str, want: u16, mut call: F) -> Option<T>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, exec_server_relay::registry::RegistryError>>,
+    Fut: std::future::Future<Output = Result<T, exec_server_relay_core::registry::RegistryError>>,
 {
     let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
     loop {
@@ -1934,7 +1933,7 @@ async fn executor_stopping_flushes_then_resets_streams_with_shutdown_and_exits_0
 
 #[tokio::test]
 async fn retransmitted_msg1_gets_the_cached_msg2_and_another_msg1_is_a_duplicate() {
-    use exec_server_relay::noise::{prologue, IkSuite, NoiseSuite};
+    use exec_server_relay_core::noise::{prologue, IkSuite, NoiseSuite};
     let (proxy, rdv) = proxied_rendezvous("").await;
     let _executor = start_executor_with(
         &rdv.direct,
@@ -2095,7 +2094,7 @@ async fn harness_connector_interoperates_with_a_python_noiseprotocol_responder()
         .unwrap();
     let hello: Value = serde_json::from_str(&line).expect("a JSON first line");
     let executor_key = NoisePublicKey::from_json(&json!({
-        "suite": exec_server_relay::noise::SUITE_V1,
+        "suite": exec_server_relay_core::noise::SUITE_V1,
         "x25519_public_key": hello["public_key"],
     }))
     .unwrap();

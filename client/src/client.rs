@@ -20,7 +20,7 @@ use exec_server_proto::process::{
     TerminateParams, TerminateResult, WriteParams, WriteResult, WriteStatus,
 };
 use exec_server_proto::{fs, process};
-use exec_server_relay::harness::RelayConnectArgs;
+use exec_server_relay_core::harness::RelayConnectArgs;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;

@@ -106,7 +106,7 @@ pub use client::{ClientOptions, ExecServerClient};
 pub use error::ExecServerError;
 pub use exec_server_proto as proto;
 /// The relay crate, for [`relay::harness::RelayConnectArgs`].
-pub use exec_server_relay as relay;
+pub use exec_server_relay_core as relay;
 pub use process::{
     EventResult, ProcessControl, ProcessEvent, ProcessEvents, ProcessHandle, ProcessOutput,
 };

@@ -25,7 +25,7 @@ use exec_server_proto::process::{
     EnvInherit, EnvPolicy, OutputStream, Signal, StartParams, TerminalSize, WriteStatus,
 };
 use exec_server_relay::config::RelayConfig;
-use exec_server_relay::harness::RelayConnectArgs;
+use exec_server_relay_core::harness::RelayConnectArgs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{signal, SignalKind};
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use exec_server_core::{InProcessConnection, ServerContext};
-use exec_server_relay::harness::{connect_relay, RelayConnectArgs};
+use exec_server_relay_core::harness::{connect_relay, RelayConnectArgs};
 use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

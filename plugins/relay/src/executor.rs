@@ -15,17 +15,18 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RelayConfig;
-use crate::driver::{
+use exec_server_relay_core::driver::{
     drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
 };
-use crate::link::{self, Incoming, LinkTiming, OpenError};
-use crate::noise::{
-    prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES,
+use exec_server_relay_core::link::{self, Incoming, LinkTiming, OpenError};
+use exec_server_relay_core::noise::{
+    NoiseHandshake, NoiseIdentity, NoisePublicKey, RecordCipher, MAX_AUTHORIZATION_BYTES,
 };
-use crate::proto::{self, Body, RelayMessageFrame, ResetReason};
-use crate::registry::{BaseUrl, RegistryClient, RegistryError};
-use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
+use exec_server_relay_core::proto::{self, Body, RelayMessageFrame, ResetReason};
+use exec_server_relay_core::registry::{BaseUrl, RegistryClient, RegistryError};
+use exec_server_relay_core::reliable::{ReliableStream, Role, StreamLimits, Timing};
+
+use crate::config::RelayConfig;
 
 exec_server_core::inventory::submit! {
     exec_server_core::ConfiguredTransport { name: "relay", open: open_relay }
@@ -221,7 +222,7 @@ impl Executor {
                     tracing::info!(
                         environment = %self.environment_id,
                         registration = %reg.executor_registration_id,
-                        url = %crate::registry::redact_url(&reg.url),
+                        url = %exec_server_relay_core::registry::redact_url(&reg.url),
                         "registered with the relay registry"
                     );
                     let mut state = self.lock();
@@ -630,14 +631,15 @@ impl Executor {
             drop(state);
             return self.reject_handshake(sid, ResetReason::ValidationLimit, false);
         }
-        let (min, max) = IkSuite.msg1_bounds();
+        let suite = self.identity.suite();
+        let (min, max) = suite.msg1_bounds();
         if msg1.len() < min || msg1.len() > max {
             drop(state);
             return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
         }
         let registration_id = state.registration_id.clone();
-        let p = prologue(&self.environment_id, &registration_id, sid);
-        let mut responder = match IkSuite.responder(&self.identity, &p) {
+        let p = suite.prologue(&self.environment_id, &registration_id, sid);
+        let mut responder = match suite.responder(&self.identity, &p) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!("cannot build the Noise responder: {e}");
@@ -660,11 +662,7 @@ impl Executor {
                 return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
             }
         };
-        let Some(harness_key) = responder
-            .get_remote_static()
-            .and_then(|k| <[u8; 32]>::try_from(k).ok())
-            .map(NoisePublicKey)
-        else {
+        let Some(harness_key) = responder.remote_static() else {
             drop(state);
             return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
         };
@@ -699,7 +697,7 @@ impl Executor {
         self: &Arc<Self>,
         sid: String,
         digest: [u8; 32],
-        mut responder: snow::HandshakeState,
+        mut responder: Box<dyn NoiseHandshake>,
         outcome: Result<bool, RegistryError>,
     ) {
         let mut state = self.lock();
@@ -736,14 +734,11 @@ impl Executor {
             drop(state);
             return self.send_reset(&sid, reason);
         }
-        let mut msg2 = vec![0u8; 64];
-        let transport = responder
-            .write_message(&[], &mut msg2)
-            .map_err(|e| e.to_string())
-            .and_then(|n| {
-                msg2.truncate(n);
-                responder.into_transport_mode().map_err(|e| e.to_string())
-            });
+        let mut msg2 = vec![0u8; self.identity.suite().msg2_len()];
+        let transport = responder.write_message(&[], &mut msg2).and_then(|n| {
+            msg2.truncate(n);
+            responder.into_transport()
+        });
         let transport = match transport {
             Ok(t) => t,
             Err(e) => {
@@ -781,7 +776,7 @@ impl Executor {
         self: Arc<Self>,
         sid: String,
         digest: [u8; 32],
-        transport: snow::TransportState,
+        transport: Box<dyn RecordCipher>,
         inbox: mpsc::Receiver<StreamEvent>,
     ) {
         let machine = ReliableStream::new(

@@ -40,7 +40,7 @@ fn tenant(hub: &Hub, token: usize) -> TenantId {
 }
 
 fn key(n: u8) -> NoisePublicKey {
-    NoisePublicKey([n; 32])
+    NoisePublicKey::x25519([n; 32])
 }
 
 /// A socket handle whose frames land in a channel instead of a WebSocket.

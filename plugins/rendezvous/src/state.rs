@@ -25,12 +25,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::capacity::{Capacity, EnvironmentSlot, Gauge, HarnessSlot, TenantId};
 use crate::config::RendezvousConfig;
-use crate::noise::NoisePublicKey;
-use crate::proto::{self, Body, ResetReason};
-use crate::rendezvous::capacity::{Capacity, EnvironmentSlot, Gauge, HarnessSlot, TenantId};
-use crate::rendezvous::refusal::Refusal;
-use crate::rendezvous::signing::registration_id;
+use crate::refusal::Refusal;
+use crate::signing::registration_id;
+use exec_server_relay_core::noise::NoisePublicKey;
+use exec_server_relay_core::proto::{self, Body, ResetReason};
 
 /// Closed stream ids remembered per environment.
 const CLOSED_IDS: usize = 1_024;
@@ -423,7 +423,7 @@ impl Hub {
                 return Err(RegisterRefusal::Busy);
             }
         }
-        let admitted = match self.admit(&mut envs, id, key, tenant, now) {
+        let admitted = match self.admit(&mut envs, id, key.clone(), tenant, now) {
             Err(_) if self.anything_due(now) => {
                 // Full, but something is due: free it first, then decide.
                 self.sweep_locked(&mut envs, now);
@@ -498,7 +498,7 @@ impl Hub {
         if env.executor_within_grace(self.grace, now) {
             Connectable::Yes {
                 reg: env.registration.id.clone(),
-                key: env.registration.key,
+                key: env.registration.key.clone(),
             }
         } else {
             Connectable::Unavailable

@@ -1,23 +1,8 @@
-//! `exec-server rendezvous` (RELAY §8): one axum service that is both the registry
-//! (`register`, `connect`, `validate`) and the WebSocket router that moves frames between
-//! an environment's executor socket and its harness sockets by `stream_id`, without ever
-//! decrypting them.
-//!
-//! * [`signing`] — signed URLs, authorisations, registration ids.
-//! * `state` — registrations, routes and the routing rules of §8.6–§8.7.
-//! * `capacity` — the environments and harness sockets the service and each tenant hold.
-//! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
-//! * `refusal` — every limit as a refusal: status, error code, and a message naming the
-//!   configuration key to raise.
+//! The service: its start-up (listener, signing key, tokens), the registry endpoints
+//! (RELAY §7) and the WebSocket upgrade checks (§8.4) in front of the router.
 
 // Handlers return early with a ready `Response`; boxing it buys nothing here.
 #![allow(clippy::result_large_err)]
-
-mod capacity;
-mod rate_limit;
-mod refusal;
-pub mod signing;
-mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,16 +21,16 @@ use exec_server_core::StartupError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use exec_server_relay_core::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
+use exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
+use exec_server_relay_core::registry::{check_environment_id, encode_segment, error_json};
+
+use crate::capacity::{Capacity, TenantId};
 use crate::config::{RendezvousConfig, TokenRole};
-use crate::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
-use crate::proto::MAX_WS_MESSAGE_BYTES;
-use crate::registry::{check_environment_id, encode_segment, error_json};
-use capacity::{Capacity, TenantId};
-use rate_limit::{Limited, RateLimits};
-use refusal::Refusal;
-use signing::{key_hash, token_digest, AuthorizationClaims, SigningKey};
-pub use state::RouterTiming;
-use state::{Hub, SocketRole, UpgradeRefusal};
+use crate::rate_limit::{Limited, RateLimits};
+use crate::refusal::Refusal;
+use crate::signing::{self, key_hash, token_digest, AuthorizationClaims, SigningKey};
+use crate::state::{self, Hub, RouterTiming, SocketRole, UpgradeRefusal};
 
 /// Environment variable holding the base64 signing key (§8.4).
 pub const SIGNING_KEY_ENV: &str = secret_env::RENDEZVOUS_SIGNING_KEY_ENV;
@@ -256,7 +241,7 @@ pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), Startu
             let _ = writeln!(stdout, "{}", running.url);
             let _ = stdout.flush();
         }
-        crate::shutdown_signal().await;
+        shutdown_signal().await;
         running.stop().await;
         Ok::<_, StartupError>(())
     })?;
@@ -310,7 +295,7 @@ fn refusal_log(refusal: &Refusal, caller: Option<&str>, environment: &str) {
         reason = refusal.code(),
         limit = refusal.config_key(),
         tenant = refusal.tenant().or(caller).unwrap_or("-"),
-        environment = %crate::proto::truncate_for_log(environment),
+        environment = %exec_server_relay_core::proto::truncate_for_log(environment),
         "request refused: {refusal}"
     );
 }
@@ -369,7 +354,7 @@ impl Service {
         };
         let role_ok = entry.role == TokenRole::Any || entry.role == needs;
         if !role_ok || !environment_matches(&entry.environments, id) {
-            tracing::info!(token = %entry.name, environment = %crate::proto::truncate_for_log(id), "token not allowed for this call");
+            tracing::info!(token = %entry.name, environment = %exec_server_relay_core::proto::truncate_for_log(id), "token not allowed for this call");
             return Err(error(
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -658,7 +643,7 @@ impl UpgradeQuery {
         let mut q = Self::default();
         for pair in query.split('&') {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = crate::registry::decode_segment(v);
+            let v = exec_server_relay_core::registry::decode_segment(v);
             match k {
                 "role" => q.role = v,
                 "reg" => q.reg = v,
@@ -752,4 +737,15 @@ async fn upgrade(
 /// Test hook: how long the router waits before parked routes and detached executors expire.
 pub fn grace(config: &RendezvousConfig) -> Duration {
     Duration::from_secs(config.grace_secs)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
 }

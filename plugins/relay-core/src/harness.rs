@@ -15,9 +15,7 @@ use crate::driver::{
     drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
 };
 use crate::link::{self, Incoming, LinkTiming};
-use crate::noise::{
-    prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES, MSG2_LEN,
-};
+use crate::noise::{NoiseIdentity, NoisePublicKey, MAX_AUTHORIZATION_BYTES};
 use crate::proto::{self, Body, ResetReason};
 use crate::registry::{BaseUrl, ConnectBundle, RegistryClient, RegistryError, SecretString};
 use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
@@ -211,12 +209,13 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         .map_err(|e| RelayError::Open(e.to_string()))?;
     let (handle, mut reader) = link::start(ws, args.link_timing);
 
-    let p = prologue(
+    let suite = identity.suite();
+    let p = suite.prologue(
         &bundle.environment_id,
         &bundle.executor_registration_id,
         &stream_id,
     );
-    let mut initiator = IkSuite
+    let mut initiator = suite
         .initiator(&identity, &bundle.executor_public_key, &p)
         .map_err(|e| RelayError::Config(e.to_string()))?;
     let mut buf = vec![0u8; proto::MAX_NOISE_MESSAGE];
@@ -291,9 +290,10 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         }
     };
     let mut payload = vec![0u8; proto::MAX_NOISE_MESSAGE];
-    let ok = msg2.len() == MSG2_LEN && matches!(initiator.read_message(&msg2, &mut payload), Ok(0));
+    let ok = msg2.len() == suite.msg2_len()
+        && matches!(initiator.read_message(&msg2, &mut payload), Ok(0));
     let transport = if ok {
-        initiator.into_transport_mode().ok()
+        initiator.into_transport().ok()
     } else {
         None
     };

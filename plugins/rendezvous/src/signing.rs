@@ -6,7 +6,7 @@ use base64::Engine as _;
 use ring::{digest, hmac};
 use serde::{Deserialize, Serialize};
 
-use crate::noise::NoisePublicKey;
+use exec_server_relay_core::noise::NoisePublicKey;
 
 /// At least this many bytes of signing key.
 pub const MIN_SIGNING_KEY: usize = 32;
@@ -108,14 +108,14 @@ fn canonical(role: &str, environment_id: &str, reg: &str, kh: &str, exp: u64) ->
 
 /// `K` of §8.4: base64url_nopad(SHA-256(harness public key)).
 pub fn key_hash(key: &NoisePublicKey) -> String {
-    URL_SAFE_NO_PAD.encode(digest::digest(&digest::SHA256, &key.0).as_ref())
+    URL_SAFE_NO_PAD.encode(digest::digest(&digest::SHA256, key.as_bytes()).as_ref())
 }
 
 /// Registration id of §8.2.
 pub fn registration_id(environment_id: &str, key: &NoisePublicKey) -> String {
     let mut input = environment_id.as_bytes().to_vec();
     input.push(0);
-    input.extend_from_slice(&key.0);
+    input.extend_from_slice(key.as_bytes());
     let d = digest::digest(&digest::SHA256, &input);
     let hex: String = d.as_ref()[..16]
         .iter()
@@ -157,7 +157,7 @@ mod tests {
 
     fn alice() -> NoisePublicKey {
         NoisePublicKey::from_json(&serde_json::json!({
-            "suite": crate::noise::SUITE_V1,
+            "suite": exec_server_relay_core::noise::SUITE_V1,
             "x25519_public_key": "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=",
         }))
         .unwrap()

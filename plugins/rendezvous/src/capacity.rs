@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::config::{RendezvousConfig, TokenConfig};
-use crate::rendezvous::refusal::Refusal;
+use crate::refusal::Refusal;
 
 /// A tenant: every configured token that carries the same `name` (§8.3). Tokens that share
 /// a name (an old and a new token during a rotation) share the tenant's quotas.
@@ -232,7 +232,8 @@ impl Capacity {
         Gauge::new(
             self.harness_sockets_per_environment,
             Refusal::EnvironmentHarnessSockets {
-                environment: crate::proto::truncate_for_log(environment).to_owned(),
+                environment: exec_server_relay_core::proto::truncate_for_log(environment)
+                    .to_owned(),
                 max: self.harness_sockets_per_environment,
             },
         )
