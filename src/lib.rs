@@ -12,11 +12,13 @@
 //! ```
 //!
 //! * [`cli`] — the command line.
+//! * [`run`] — `exec-server run`: a remote command that behaves like a local one.
 //! * [`helpers`] — the hidden helpers a host binary dispatches before anything else.
 //! * [`harden_process`] — what [`main_with_plugins`] does before anything else; a host
 //!   with its own `main` calls it first.
 
 pub mod cli;
+pub mod run;
 
 pub use exec_server_core::hygiene::harden_process;
 
@@ -93,7 +95,7 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
             if let Ok(source) = ConfigSource::load(config.as_deref(), CliOverrides::default()) {
                 secret_env::capture_variables_named_by(&source);
             }
-            return exec_server_client::run::main(run, config.as_deref());
+            return run::main(run, config.as_deref());
         }
         cli => cli,
     };

@@ -5,7 +5,9 @@
 mod util;
 
 mod client;
+mod client_in_process;
 mod config;
+mod dependencies;
 mod environment;
 mod escape;
 mod fs;

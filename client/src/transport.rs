@@ -9,6 +9,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "in-process")]
 use exec_server_core::{InProcessConnection, ServerContext};
 use exec_server_relay_core::harness::{connect_relay, RelayConnectArgs};
 use futures_util::future::BoxFuture;
@@ -290,18 +291,21 @@ impl Transport for WebSocketTransport {
 // ---- in-process -----------------------------------------------------------------------
 
 /// A server in this process: no socket, the same connection processor as every transport.
+#[cfg(feature = "in-process")]
 pub(crate) struct InProcessTransport {
     server: Arc<ServerContext>,
     /// The client built this server, so it shuts it down when it is done with it.
     owned: bool,
 }
 
+#[cfg(feature = "in-process")]
 impl InProcessTransport {
     pub(crate) fn new(server: Arc<ServerContext>, owned: bool) -> Self {
         Self { server, owned }
     }
 }
 
+#[cfg(feature = "in-process")]
 impl Transport for InProcessTransport {
     fn connect(&self) -> BoxFuture<'_, Result<Connection, ExecServerError>> {
         Box::pin(async move {

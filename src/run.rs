@@ -19,6 +19,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use exec_server_client::{
+    ClientOptions, ExecServerClient, ExecServerError, ProcessControl, ProcessEvent,
+};
 use exec_server_config::core::CONNECTION_TOKEN_ENV;
 use exec_server_config::{secret_env, CliOverrides, ConfigSource};
 use exec_server_proto::process::{
@@ -28,8 +31,6 @@ use exec_server_relay::config::RelayConfig;
 use exec_server_relay_core::harness::RelayConnectArgs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{signal, SignalKind};
-
-use crate::{ClientOptions, ExecServerClient, ExecServerError, ProcessControl, ProcessEvent};
 
 /// `run` failed before or while running the command.
 const EXIT_RUN_FAILED: u8 = 125;
