@@ -39,5 +39,7 @@ pub use plugin::{
     NoParams, Plugin,
 };
 pub use router::StartupError;
-pub use server::{ConfiguredTransport, Listener, ListenerKind, ServerContext};
+pub use server::{
+    ConfiguredTransport, Listener, ListenerFailed, ListenerKind, RunError, ServerContext,
+};
 pub use session::Session;

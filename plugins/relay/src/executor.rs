@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use exec_server_core::config::ConfigSource;
 use exec_server_core::connection::{serve_connection, ConnectionInfo, Inbound};
-use exec_server_core::{Listener, ServerContext, StartupError};
+use exec_server_core::{Listener, ListenerFailed, ServerContext, StartupError};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -79,15 +79,13 @@ impl Listener for RelayListener {
         Ok(None)
     }
 
-    async fn serve(self: Box<Self>, _server: Arc<ServerContext>) {
-        match self.executor.run().await {
-            Ok(()) => {}
-            Err(message) => {
-                tracing::error!("{message}");
-                // A terminal registry answer (§7.6, §9.1).
-                std::process::exit(1);
-            }
-        }
+    /// A terminal registry answer (§7.6, §9.1) ends the listener with an error, which
+    /// stops the server with exit status 1.
+    async fn serve(self: Box<Self>, _server: Arc<ServerContext>) -> Result<(), ListenerFailed> {
+        self.executor
+            .run()
+            .await
+            .map_err(|e| ListenerFailed(e.to_string()))
     }
 }
 
@@ -133,6 +131,14 @@ struct State {
     retired: Retired,
 }
 
+/// Why the executor stopped serving for good.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecutorError {
+    /// `register` got a terminal answer (§7.6): the process exits with status 1.
+    #[error("relay registration failed: {0}")]
+    Registration(RegistryError),
+}
+
 /// The executor: one per process in remote mode.
 pub struct Executor {
     config: RelayConfig,
@@ -152,9 +158,9 @@ pub struct Executor {
     /// runs (§7.6), so several refusals at once lead to one call.
     reregistering: AtomicBool,
     /// Cancelled when that `register` got a terminal answer: the executor stops and
-    /// [`Executor::run`] returns the message held in `fatal_message`.
+    /// [`Executor::run`] returns the error held in `fatal_message`.
     fatal: CancellationToken,
-    fatal_message: Mutex<Option<String>>,
+    fatal_message: Mutex<Option<ExecutorError>>,
     /// One permit per stream that ended, so a shutdown knows when every stream flushed.
     stream_ended: Notify,
 }
@@ -206,7 +212,7 @@ impl Executor {
     }
 
     /// Registers, retrying transient failures with the backoff; `Err` on a terminal answer.
-    async fn register(&self, backoff: &mut Backoff) -> Result<(), String> {
+    async fn register(&self, backoff: &mut Backoff) -> Result<(), ExecutorError> {
         let shutdown = self.server.shutdown.clone();
         let key = self.identity.public();
         loop {
@@ -245,7 +251,7 @@ impl Executor {
                         _ = tokio::time::sleep(delay) => {}
                     }
                 }
-                Err(e) => return Err(format!("relay registration failed: {e}")),
+                Err(e) => return Err(ExecutorError::Registration(e)),
             }
         }
     }
@@ -275,7 +281,7 @@ impl Executor {
     }
 
     /// The registration and connection loop of §7.6; returns at shutdown.
-    pub async fn run(self: &Arc<Self>) -> Result<(), String> {
+    pub async fn run(self: &Arc<Self>) -> Result<(), ExecutorError> {
         let shutdown = self.server.shutdown.clone();
         let mut backoff = Backoff::new(
             Duration::from_millis(self.config.reconnect_initial_backoff_ms),
@@ -318,7 +324,7 @@ impl Executor {
         Ok(())
     }
 
-    fn take_fatal(&self) -> Option<String> {
+    fn take_fatal(&self) -> Option<ExecutorError> {
         if !self.fatal.is_cancelled() {
             return None;
         }

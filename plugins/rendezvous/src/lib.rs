@@ -20,5 +20,5 @@ pub mod service;
 pub mod signing;
 mod state;
 
-pub use service::{grace, run_cli, start, RendezvousArgs, RunningRendezvous, SIGNING_KEY_ENV};
+pub use service::{grace, run, start, RendezvousArgs, RunningRendezvous, SIGNING_KEY_ENV};
 pub use state::RouterTiming;

@@ -14,7 +14,7 @@ use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use exec_server_core::config::secret::read_secret_file;
+use exec_server_core::config::secret::{constant_time_eq, read_secret_file};
 use exec_server_core::config::{secret_env, ConfigSource};
 use exec_server_core::transport::http_server::{serve_http, ListenerLimits};
 use exec_server_core::StartupError;
@@ -29,7 +29,7 @@ use crate::capacity::{Capacity, TenantId};
 use crate::config::{RendezvousConfig, TokenRole};
 use crate::rate_limit::{Limited, RateLimits};
 use crate::refusal::Refusal;
-use crate::signing::{self, key_hash, token_digest, AuthorizationClaims, SigningKey};
+use crate::signing::{key_hash, token_digest, AuthorizationClaims, SigningKey};
 use crate::state::{self, Hub, RouterTiming, SocketRole, UpgradeRefusal};
 
 /// Environment variable holding the base64 signing key (§8.4).
@@ -218,8 +218,14 @@ pub async fn start(
     })
 }
 
-/// `exec-server rendezvous`: prints the public URL on stdout and serves until a signal.
-pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), StartupError> {
+/// `exec-server rendezvous`: starts the service from the `[rendezvous]` table and the
+/// command-line flags, prints its public URL as the first line on stdout, and serves until
+/// `shutdown` resolves.
+pub async fn run(
+    source: &ConfigSource,
+    args: RendezvousArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartupError> {
     let mut config = RendezvousConfig::load(source)?;
     if let Some(listen) = args.listen {
         config.listen = listen;
@@ -227,25 +233,18 @@ pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), Startu
     if let Some(url) = args.public_url {
         config.public_url = Some(url);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
-    runtime.block_on(async move {
-        let running = start(config, RouterTiming::default(), args.listener)
-            .await
-            .map_err(StartupError)?;
-        {
-            use std::io::Write;
-            let mut stdout = std::io::stdout().lock();
-            let _ = writeln!(stdout, "{}", running.url);
-            let _ = stdout.flush();
-        }
-        shutdown_signal().await;
-        running.stop().await;
-        Ok::<_, StartupError>(())
-    })?;
-    std::process::exit(0);
+    let running = start(config, RouterTiming::default(), args.listener)
+        .await
+        .map_err(StartupError)?;
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{}", running.url);
+        let _ = stdout.flush();
+    }
+    shutdown.await;
+    running.stop().await;
+    Ok(())
 }
 
 // ---- registry endpoints --------------------------------------------------------------
@@ -345,7 +344,7 @@ impl Service {
         let digest = token_digest(&token);
         let mut found: Option<&TokenEntry> = None;
         for entry in &self.tokens {
-            if signing::constant_time_eq(&entry.digest, &digest) && found.is_none() {
+            if constant_time_eq(&entry.digest, &digest) && found.is_none() {
                 found = Some(entry);
             }
         }
@@ -737,15 +736,4 @@ async fn upgrade(
 /// Test hook: how long the router waits before parked routes and detached executors expire.
 pub fn grace(config: &RendezvousConfig) -> Duration {
     Duration::from_secs(config.grace_secs)
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

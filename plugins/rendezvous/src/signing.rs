@@ -132,11 +132,6 @@ pub fn token_digest(token: &str) -> [u8; 32] {
         .expect("32 bytes")
 }
 
-/// Constant-time equality of two byte strings of the same length.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The claims of §8.5, serialized in this member order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthorizationClaims {

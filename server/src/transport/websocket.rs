@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::http_server::{serve_http, ListenerLimits};
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::router::StartupError;
-use crate::server::{Listener, ListenerKind, ServerContext};
+use crate::server::{Listener, ListenerFailed, ListenerKind, ServerContext};
 
 inventory::submit! {
     ListenerKind { scheme: "ws", open: open_websocket }
@@ -76,13 +76,14 @@ impl Listener for WebsocketListener {
         Ok(Some(format!("ws://{local}")))
     }
 
-    async fn serve(self: Box<Self>, server: Arc<ServerContext>) {
+    async fn serve(self: Box<Self>, server: Arc<ServerContext>) -> Result<(), ListenerFailed> {
         let listener = self.listener.expect("bind runs before serve");
         let app = axum::Router::new()
             .fallback(route)
             .with_state(Arc::clone(&self.server));
         let limits = ListenerLimits::from(&server.core.listener);
         serve_http(listener, app, limits, "websocket", server.shutdown.clone()).await;
+        Ok(())
     }
 }
 
@@ -175,7 +176,10 @@ fn bearer_matches(header: Option<&axum::http::HeaderValue>, expected: &str) -> b
         return false;
     };
     scheme.eq_ignore_ascii_case("bearer")
-        && constant_time_eq(token.trim().as_bytes(), expected.as_bytes())
+        && exec_server_config::secret::constant_time_eq(
+            token.trim().as_bytes(),
+            expected.as_bytes(),
+        )
 }
 
 /// True for a message or frame above the configured limits.
@@ -185,13 +189,6 @@ fn is_capacity_error(error: &axum::Error) -> bool {
         .source()
         .and_then(|source| source.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
         .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebSocket) {
