@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use exec_server_relay_core::harness::{
-    connect_relay, RelayConnectArgs, RelayConnection, RelayError,
+    connect_relay, RelayBundleProvider, RelayConnectArgs, RelayConnection, RelayError,
 };
-use exec_server_relay_core::noise::NoiseIdentity;
+use exec_server_relay_core::noise::{NoiseIdentity, NoisePublicKey};
 use exec_server_relay_core::proto::{self, Body};
 use exec_server_relay_core::registry::{BaseUrl, ConnectBundle, RegistryClient, SecretString};
 use futures_util::{SinkExt, StreamExt};
@@ -811,5 +811,19 @@ where
             "{what} never answered {want}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Hands the harness connector one fixed bundle (no registry involved).
+pub(crate) struct StaticBundle(pub(crate) ConnectBundle);
+
+#[exec_server_core::async_trait]
+impl RelayBundleProvider for StaticBundle {
+    async fn connect_bundle(
+        &self,
+        _environment_id: &str,
+        _key: &NoisePublicKey,
+    ) -> Result<ConnectBundle, RelayError> {
+        Ok(self.0.clone())
     }
 }

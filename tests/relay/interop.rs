@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use exec_server_relay_core::harness::{RelayBundleProvider, RelayConnectArgs, RelayError};
+use exec_server_relay_core::harness::RelayConnectArgs;
 use exec_server_relay_core::noise::{NoiseIdentity, NoisePublicKey};
 use exec_server_relay_core::registry::{ConnectBundle, SecretString};
 use serde_json::{json, Value};
@@ -97,20 +97,6 @@ async fn python_noiseprotocol_harness_interoperates_with_the_executor() {
     assert_eq!(report["executor_ack"], report["records_sent"]);
     // A record with one flipped bit.
     assert_eq!(report["tampered_reset"], "decrypt_failed");
-}
-
-/// Hands the harness connector one fixed bundle (no registry involved).
-struct StaticBundle(ConnectBundle);
-
-#[exec_server_core::async_trait]
-impl RelayBundleProvider for StaticBundle {
-    async fn connect_bundle(
-        &self,
-        _environment_id: &str,
-        _key: &NoisePublicKey,
-    ) -> Result<ConnectBundle, RelayError> {
-        Ok(self.0.clone())
-    }
 }
 
 /// The library's harness connector (snow initiator) against a responder written in Python

@@ -12,3 +12,4 @@ mod interop;
 mod limits;
 mod registry;
 mod rendezvous;
+mod tls;

@@ -14,10 +14,11 @@ use tokio_util::sync::CancellationToken;
 use crate::driver::{
     drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
 };
+use crate::endpoint::{redact_url, BaseUrl};
 use crate::link::{self, Incoming, LinkTiming};
 use crate::noise::{NoiseIdentity, NoisePublicKey, MAX_AUTHORIZATION_BYTES};
 use crate::proto::{self, Body, ResetReason};
-use crate::registry::{BaseUrl, ConnectBundle, RegistryClient, RegistryError, SecretString};
+use crate::registry::{ConnectBundle, RegistryClient, RegistryError, SecretString};
 use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
 
 /// A harness-side failure.
@@ -74,10 +75,7 @@ pub struct RelayConnectArgs {
 impl std::fmt::Debug for RelayConnectArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayConnectArgs")
-            .field(
-                "registry_url",
-                &crate::registry::redact_url(&self.registry_url),
-            )
+            .field("registry_url", &redact_url(&self.registry_url))
             .field("environment_id", &self.environment_id)
             .field("bearer_token", &self.bearer_token)
             .finish_non_exhaustive()
@@ -172,8 +170,8 @@ fn base_client(args: &RelayConnectArgs) -> Result<Arc<dyn RelayBundleProvider>, 
     if let Some(provider) = &args.bundle_provider {
         return Ok(Arc::clone(provider));
     }
-    let base =
-        BaseUrl::parse(&args.registry_url, args.allow_insecure).map_err(RelayError::Config)?;
+    let base = BaseUrl::parse(&args.registry_url, args.allow_insecure)
+        .map_err(|e| RelayError::Config(e.to_string()))?;
     Ok(Arc::new(HttpBundles(RegistryClient::new(
         base,
         args.bearer_token.clone(),

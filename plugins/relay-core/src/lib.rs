@@ -13,13 +13,17 @@
 //! * [`driver`] — the task that runs one stream between its inbox, the JSON-RPC side and
 //!   the current physical connection (stream multiplexing over one socket).
 //! * [`link`] — one physical WebSocket to the rendezvous: limits, writer queues, Ping/Pong.
+//! * [`endpoint`] — registry and rendezvous URLs, environment ids and their encoding.
 //! * [`registry`] — the registry HTTP client (`register`, `connect`, `validate`).
+//! * [`tls`] — the TLS configuration of `https` registries and `wss` rendezvous sockets.
 //! * [`harness`] — the harness connector ([`harness::connect_relay`]).
 
 pub mod driver;
+pub mod endpoint;
 pub mod harness;
 pub mod link;
 pub mod noise;
 pub mod proto;
 pub mod registry;
 pub mod reliable;
+pub mod tls;

@@ -197,13 +197,13 @@ impl RelayConfig {
             _ => {}
         }
         if let Some(id) = &relay.environment_id {
-            if let Err(problem) = exec_server_relay_core::registry::check_environment_id(id) {
+            if let Err(problem) = exec_server_relay_core::endpoint::check_environment_id(id) {
                 return Err(source.invalid("relay.environment_id", problem));
             }
         }
         if let Some(url) = &relay.url {
-            exec_server_relay_core::registry::BaseUrl::parse(url, relay.allow_insecure)
-                .map_err(|problem| source.invalid("relay.url", problem))?;
+            exec_server_relay_core::endpoint::BaseUrl::parse(url, relay.allow_insecure)
+                .map_err(|problem| source.invalid("relay.url", problem.to_string()))?;
         }
         if let Some(path) = &relay.token_file {
             check_secret_file_mode(path)

@@ -18,12 +18,13 @@ use tokio_util::sync::CancellationToken;
 use exec_server_relay_core::driver::{
     drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
 };
+use exec_server_relay_core::endpoint::BaseUrl;
 use exec_server_relay_core::link::{self, Incoming, LinkTiming, OpenError};
 use exec_server_relay_core::noise::{
     NoiseHandshake, NoiseIdentity, NoisePublicKey, RecordCipher, MAX_AUTHORIZATION_BYTES,
 };
 use exec_server_relay_core::proto::{self, Body, RelayMessageFrame, ResetReason};
-use exec_server_relay_core::registry::{BaseUrl, RegistryClient, RegistryError};
+use exec_server_relay_core::registry::{RegistryClient, RegistryError};
 use exec_server_relay_core::reliable::{ReliableStream, Role, StreamLimits, Timing};
 
 use crate::config::RelayConfig;
@@ -58,7 +59,7 @@ fn open_relay(
         config.url.as_deref().unwrap_or_default(),
         config.allow_insecure,
     )
-    .map_err(StartupError)?;
+    .map_err(|e| StartupError(e.to_string()))?;
     let registry = RegistryClient::new(
         base,
         token,
@@ -228,7 +229,7 @@ impl Executor {
                     tracing::info!(
                         environment = %self.environment_id,
                         registration = %reg.executor_registration_id,
-                        url = %exec_server_relay_core::registry::redact_url(&reg.url),
+                        url = %exec_server_relay_core::endpoint::redact_url(&reg.url),
                         "registered with the relay registry"
                     );
                     let mut state = self.lock();

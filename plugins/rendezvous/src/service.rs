@@ -4,7 +4,7 @@
 // Handlers return early with a ready `Response`; boxing it buys nothing here.
 #![allow(clippy::result_large_err)]
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,10 +20,13 @@ use exec_server_core::transport::http_server::{serve_http, ListenerLimits};
 use exec_server_core::StartupError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use url::{Host, Url};
 
+use exec_server_relay_core::endpoint::{
+    check_environment_id, decode_segment, encode_segment, BaseUrl,
+};
 use exec_server_relay_core::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
 use exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
-use exec_server_relay_core::registry::{check_environment_id, encode_segment, error_json};
 
 use crate::capacity::{Capacity, TenantId};
 use crate::config::{RendezvousConfig, TokenRole};
@@ -85,19 +88,45 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// `rendezvous.listen`: `http://IP:PORT` with an explicit port (0 picks a free one).
 fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
-    if listen.starts_with("https://") {
-        return Err(
-            "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
-                .into(),
-        );
+    let wrong = || format!("rendezvous.listen must be http://IP:PORT, got `{listen}`");
+    let url = Url::parse(listen).map_err(|_| wrong())?;
+    match url.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(
+                "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
+                    .into(),
+            )
+        }
+        _ => return Err(wrong()),
     }
-    let rest = listen
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("rendezvous.listen must be http://IP:PORT, got `{listen}`"))?;
-    rest.trim_end_matches('/')
-        .parse()
-        .map_err(|_| format!("rendezvous.listen must be http://IP:PORT, got `{listen}`"))
+    let bare = !url.username().is_empty()
+        || url.password().is_some()
+        || url.path() != "/"
+        || url.query().is_some()
+        || url.fragment().is_some();
+    // The URL standard drops a default port (`:80`); the listener wants it written.
+    let port_written = listen
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+    let ip = match url.host() {
+        Some(Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(Host::Ipv6(ip)) => IpAddr::V6(ip),
+        _ => return Err(wrong()),
+    };
+    match url.port_or_known_default() {
+        Some(port) if !bare && port_written => Ok(SocketAddr::new(ip, port)),
+        _ => Err(wrong()),
+    }
+}
+
+/// `rendezvous.public_url` (§8.9): `http(s)://`, host, optional port and path prefix, no
+/// query or fragment, trailing `/` removed.
+fn parse_public_url(url: &str) -> Result<BaseUrl, String> {
+    BaseUrl::parse(url, true).map_err(|e| format!("rendezvous.public_url {e}, got `{url}`"))
 }
 
 fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
@@ -138,6 +167,11 @@ pub async fn start(
     if !addr.ip().is_loopback() && config.public_url.is_none() {
         tracing::warn!("plain HTTP on a non-loopback address: bearer tokens travel in clear");
     }
+    let public_url = config
+        .public_url
+        .as_deref()
+        .map(parse_public_url)
+        .transpose()?;
     let key = load_signing_key(&config)?;
     let capacity = Capacity::new(&config);
     let mut tokens = Vec::new();
@@ -162,19 +196,17 @@ pub async fn start(
         .local_addr()
         .map_err(|e| format!("failed to read the bound address: {e}"))?;
     let base_path = config.base_path.trim_end_matches('/').to_owned();
-    let public = match &config.public_url {
-        Some(url) => url.trim_end_matches('/').to_owned(),
-        None => format!("http://{local_addr}{base_path}"),
+    let public = match public_url {
+        Some(url) => url,
+        None => parse_public_url(&format!("http://{local_addr}{base_path}"))?,
     };
-    let ws_base = if let Some(rest) = public.strip_prefix("https://") {
-        format!("wss://{rest}")
-    } else if let Some(rest) = public.strip_prefix("http://") {
-        format!("ws://{rest}")
-    } else {
-        return Err(format!(
-            "rendezvous.public_url must be http(s)://…, got `{public}`"
-        ));
-    };
+    // The same URL with `ws` for `http` and `wss` for `https` (§8.4).
+    let ws_scheme = if public.is_tls() { "wss" } else { "ws" };
+    let public = public.redacted();
+    let rest = public
+        .split_once("://")
+        .map_or(public.as_str(), |(_, rest)| rest);
+    let ws_base = format!("{ws_scheme}://{rest}");
     tracing::info!(address = %local_addr, "rendezvous listening");
     let rate_limits = RateLimits::new(&config, capacity.tenant_count());
     let hub = Hub::new(&config, capacity, timing);
@@ -256,6 +288,11 @@ fn json(status: StatusCode, value: &Value) -> Response {
         value.to_string(),
     )
         .into_response()
+}
+
+/// The body of a registry error answer (§7.6).
+fn error_json(code: &str, message: &str) -> Value {
+    serde_json::json!({"error": {"code": code, "message": message}})
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response {
@@ -642,7 +679,7 @@ impl UpgradeQuery {
         let mut q = Self::default();
         for pair in query.split('&') {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = exec_server_relay_core::registry::decode_segment(v);
+            let v = decode_segment(v);
             match k {
                 "role" => q.role = v,
                 "reg" => q.reg = v,
