@@ -717,6 +717,9 @@ impl Executor {
             state.retired.insert(sid.clone(), digest);
             reason
         };
+        // Registering again comes after the Reset is queued (§7.6): a terminal answer
+        // closes the socket, and the Reset must be on it first.
+        let mut register_again = false;
         let reason = match outcome {
             Ok(true) => None,
             Ok(false) => {
@@ -726,7 +729,7 @@ impl Executor {
             Err(e) => {
                 if e.is_auth_failure() {
                     tracing::error!("relay validate was refused ({e}); registering again");
-                    self.register_again();
+                    register_again = true;
                 } else {
                     tracing::warn!(
                         "relay validate failed: {}",
@@ -739,7 +742,11 @@ impl Executor {
         };
         if let Some(reason) = reason {
             drop(state);
-            return self.send_reset(&sid, reason);
+            self.send_reset(&sid, reason);
+            if register_again {
+                self.register_again();
+            }
+            return;
         }
         let mut msg2 = vec![0u8; self.identity.suite().msg2_len()];
         let transport = responder.write_message(&[], &mut msg2).and_then(|n| {
