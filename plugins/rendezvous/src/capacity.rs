@@ -1,4 +1,4 @@
-//! Capacity accounting of the rendezvous (RELAY §8.9): the environments the service and
+//! Capacity accounting of the memory store (RELAY §8.9): the environments the service and
 //! each tenant hold, and the harness sockets open to each environment and to each tenant's
 //! environments. It is the only place that counts them.
 //!
@@ -13,18 +13,7 @@ use std::sync::Arc;
 
 use crate::config::{RendezvousConfig, TokenConfig};
 use crate::refusal::Refusal;
-
-/// A tenant: every configured token that carries the same `name` (§8.3). Tokens that share
-/// a name (an old and a new token during a rotation) share the tenant's quotas.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TenantId(usize);
-
-impl TenantId {
-    /// Position among the tenants, `0..Capacity::tenant_count()`.
-    pub fn index(self) -> usize {
-        self.0
-    }
-}
+use crate::store::TenantId;
 
 /// A counter with a maximum.
 #[derive(Debug)]
@@ -93,6 +82,8 @@ pub struct HarnessSlot {
     _tenant: Lease,
 }
 
+/// A tenant: every configured token that carries the same `name` (§8.3). Tokens that share
+/// a name (an old and a new token during a rotation) share the tenant's quotas.
 struct Tenant {
     name: String,
     environments: Arc<Gauge>,

@@ -6,19 +6,27 @@
 //! * [`config`] — the `[rendezvous]` table.
 //! * [`service`] — start-up, the registry endpoints and the upgrade checks.
 //! * [`signing`] — signed URLs, authorisations, registration ids.
-//! * `state` — registrations, routes and the routing rules of §8.6–§8.7.
-//! * `capacity` — the environments and harness sockets the service and each tenant hold.
+//! * [`store`] — the registry's state behind the [`store::RendezvousStore`] seam:
+//!   tenants and token digests, registrations, attach state, capacity.
+//! * [`memory`] — the in-memory store, the default.
+//! * `capacity` — the memory store's count of the environments and harness sockets the
+//!   service and each tenant hold.
+//! * [`router`] — the live sockets and routes of this process (§8.6–§8.7).
+//! * `hub` — where store and router meet, and the executor and harness socket loops.
 //! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
 //! * `refusal` — every limit as a refusal: status, error code, and a message naming the
 //!   configuration key to raise.
 
 mod capacity;
 pub mod config;
+mod hub;
+pub mod memory;
 mod rate_limit;
 mod refusal;
+pub mod router;
 pub mod service;
 pub mod signing;
-mod state;
+pub mod store;
 
+pub use router::RouterTiming;
 pub use service::{grace, run, start, RendezvousArgs, RunningRendezvous, SIGNING_KEY_ENV};
-pub use state::RouterTiming;

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::capacity::TenantId;
 use crate::config::RendezvousConfig;
 use crate::refusal::Refusal;
+use crate::store::TenantId;
 
 /// Peer buckets kept while they refill; a flood from more addresses than this shares one.
 pub const MAX_TRACKED_PEERS: usize = 65_536;

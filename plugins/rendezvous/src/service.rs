@@ -14,7 +14,7 @@ use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use exec_server_core::config::secret::{constant_time_eq, read_secret_file};
+use exec_server_core::config::secret::read_secret_file;
 use exec_server_core::config::{secret_env, ConfigSource};
 use exec_server_core::transport::http_server::{serve_http, ListenerLimits};
 use exec_server_core::StartupError;
@@ -28,12 +28,14 @@ use exec_server_relay_core::endpoint::{
 use exec_server_relay_core::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
 use exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
 
-use crate::capacity::{Capacity, TenantId};
 use crate::config::{RendezvousConfig, TokenRole};
+use crate::hub::Hub;
+use crate::memory::MemoryStore;
 use crate::rate_limit::{Limited, RateLimits};
 use crate::refusal::Refusal;
+use crate::router::{Router, RouterTiming, SocketRole};
 use crate::signing::{key_hash, token_digest, AuthorizationClaims, SigningKey};
-use crate::state::{self, Hub, RouterTiming, SocketRole, UpgradeRefusal};
+use crate::store::{Connectable, Epoch, HarnessLease, RegisterRefusal, TokenGrant, UpgradeRefusal};
 
 /// Environment variable holding the base64 signing key (§8.4).
 pub const SIGNING_KEY_ENV: &str = secret_env::RENDEZVOUS_SIGNING_KEY_ENV;
@@ -46,19 +48,10 @@ pub struct RendezvousArgs {
     pub listener: ListenerLimits,
 }
 
-struct TokenEntry {
-    name: String,
-    tenant: TenantId,
-    digest: [u8; 32],
-    role: TokenRole,
-    environments: Vec<String>,
-}
-
 /// Everything the handlers share.
 pub struct Service {
     config: RendezvousConfig,
     key: SigningKey,
-    tokens: Vec<TokenEntry>,
     /// The public base URL with `http` replaced by `ws` (§8.4).
     ws_base: String,
     hub: Arc<Hub>,
@@ -173,22 +166,7 @@ pub async fn start(
         .map(parse_public_url)
         .transpose()?;
     let key = load_signing_key(&config)?;
-    let capacity = Capacity::new(&config);
-    let mut tokens = Vec::new();
-    for (index, t) in config.tokens.iter().enumerate() {
-        let mut digest = [0u8; 32];
-        for (i, byte) in digest.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&t.sha256[i * 2..i * 2 + 2], 16)
-                .map_err(|_| "rendezvous token sha256 must be hex".to_owned())?;
-        }
-        tokens.push(TokenEntry {
-            name: t.name.clone(),
-            tenant: capacity.tenant_of_token(index),
-            digest,
-            role: t.role,
-            environments: t.environments.clone(),
-        });
-    }
+    let store = Arc::new(MemoryStore::new(&config)?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("failed to bind {addr}: {e}"))?;
@@ -208,12 +186,16 @@ pub async fn start(
         .map_or(public.as_str(), |(_, rest)| rest);
     let ws_base = format!("{ws_scheme}://{rest}");
     tracing::info!(address = %local_addr, "rendezvous listening");
-    let rate_limits = RateLimits::new(&config, capacity.tenant_count());
-    let hub = Hub::new(&config, capacity, timing);
+    let router = Router::new(
+        Duration::from_secs(config.grace_secs),
+        config.max_parked_streams_per_environment,
+        timing,
+    );
+    let hub = Hub::new(store, router);
+    let rate_limits = RateLimits::new(&config, hub.tenant_count());
     let service = Arc::new(Service {
         config,
         key,
-        tokens,
         ws_base,
         hub: Arc::clone(&hub),
         limits: rate_limits,
@@ -356,12 +338,12 @@ fn environment_matches(patterns: &[String], id: &str) -> bool {
 impl Service {
     /// Bearer token check of §8.3: unknown → 401, wrong role or environment → 403;
     /// otherwise the caller's tenant.
-    fn authorize(
+    async fn authorize(
         &self,
         headers: &HeaderMap,
         needs: TokenRole,
         id: &str,
-    ) -> Result<&TokenEntry, Response> {
+    ) -> Result<TokenGrant, Response> {
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -378,14 +360,7 @@ impl Service {
         let Some(token) = token else {
             return Err(unauthorized());
         };
-        let digest = token_digest(&token);
-        let mut found: Option<&TokenEntry> = None;
-        for entry in &self.tokens {
-            if constant_time_eq(&entry.digest, &digest) && found.is_none() {
-                found = Some(entry);
-            }
-        }
-        let Some(entry) = found else {
+        let Some(entry) = self.hub.authenticate(&token_digest(&token)).await else {
             return Err(unauthorized());
         };
         let role_ok = entry.role == TokenRole::Any || entry.role == needs;
@@ -426,14 +401,14 @@ impl Service {
 /// without reading any of it), the bearer token, the tenant's request rate, the
 /// environment id, then the body itself, read up to the limit. Returns the parsed body
 /// and the caller's token entry (its tenant).
-async fn authorized_call<'a>(
-    service: &'a Service,
+async fn authorized_call(
+    service: &Service,
     peer: SocketAddr,
     headers: &HeaderMap,
     role: TokenRole,
     id: &str,
     body: Body,
-) -> Result<(Value, &'a TokenEntry), Response> {
+) -> Result<(Value, TokenGrant), Response> {
     service
         .limits
         .check_peer(peer.ip())
@@ -448,7 +423,7 @@ async fn authorized_call<'a>(
     if declared.is_some_and(|len| len > max_body as u64) {
         return Err(too_large(None));
     }
-    let caller = service.authorize(headers, role, id)?;
+    let caller = service.authorize(headers, role, id).await?;
     service
         .limits
         .check_tenant(caller.tenant, &caller.name)
@@ -531,16 +506,16 @@ async fn register(
             "`name` is longer than 256 bytes",
         );
     }
-    let reg = match service.hub.register(&id, key, name, caller.tenant) {
+    let reg = match service.hub.register(&id, key, name, caller.tenant).await {
         Ok(reg) => reg,
-        Err(state::RegisterRefusal::Busy) => {
+        Err(RegisterRefusal::Busy) => {
             return error(
                 StatusCode::CONFLICT,
                 "environment_busy",
                 "another executor is serving this environment",
             )
         }
-        Err(state::RegisterRefusal::Capacity(refusal)) => {
+        Err(RegisterRefusal::Capacity(refusal)) => {
             return refuse(&refusal, Some(&caller.name), &id)
         }
     };
@@ -571,16 +546,16 @@ async fn connect(
         Ok(k) => k,
         Err(r) => return r,
     };
-    let (reg, executor_key) = match service.hub.connectable(&id) {
-        state::Connectable::Yes { reg, key } => (reg, key),
-        state::Connectable::NotFound => {
+    let (reg, executor_key) = match service.hub.connectable(&id).await {
+        Connectable::Yes { reg, key } => (reg, key),
+        Connectable::NotFound => {
             return error(
                 StatusCode::NOT_FOUND,
                 "environment_not_found",
                 "no executor has registered this environment",
             )
         }
-        state::Connectable::Unavailable => {
+        Connectable::Unavailable => {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "executor_unavailable",
@@ -642,7 +617,7 @@ async fn validate(
             "missing `harness_key_authorization`",
         );
     };
-    let Some(current) = service.hub.current_registration(&id) else {
+    let Some(current) = service.hub.current_registration(&id).await else {
         return error(
             StatusCode::NOT_FOUND,
             "environment_not_found",
@@ -747,27 +722,36 @@ async fn upgrade(
         return StatusCode::UNAUTHORIZED.into_response();
     }
     // 5–7. Registration state; executor presence and capacity for harnesses.
-    let harness_slot = match role {
-        SocketRole::Executor => match service.hub.admit_executor(&id, &reg) {
-            Ok(()) => None,
+    let admitted = match role {
+        SocketRole::Executor => match service.hub.admit_executor(&id, &reg).await {
+            Ok(epoch) => Admitted::Executor(epoch),
             Err(status) => return status.into_response(),
         },
-        SocketRole::Harness => match service.hub.admit_harness(&id, &reg) {
-            Ok(slot) => Some(slot),
+        SocketRole::Harness => match service.hub.admit_harness(&id, &reg).await {
+            Ok((epoch, lease)) => Admitted::Harness(epoch, lease),
             Err(UpgradeRefusal::Status(status)) => return status.into_response(),
             Err(UpgradeRefusal::Capacity(refusal)) => return refuse(&refusal, None, &id),
         },
     };
     let hub = Arc::clone(&service.hub);
-    // A failed upgrade drops the closure, and with it the harness slot.
+    // A failed upgrade drops the closure, and with it the harness lease.
     ws.max_message_size(MAX_WS_MESSAGE_BYTES)
         .max_frame_size(MAX_WS_MESSAGE_BYTES)
         .on_upgrade(move |socket| async move {
-            match harness_slot {
-                None => hub.serve_executor(id, reg, socket).await,
-                Some(slot) => hub.serve_harness(id, reg, kh, slot, socket).await,
+            match admitted {
+                Admitted::Executor(epoch) => hub.serve_executor(id, reg, epoch, socket).await,
+                Admitted::Harness(epoch, lease) => {
+                    hub.serve_harness(id, epoch, kh, lease, socket).await
+                }
             }
         })
+}
+
+/// An upgrade the store admitted: the registration it is for and, for a harness, the
+/// capacity it holds.
+enum Admitted {
+    Executor(Epoch),
+    Harness(Epoch, HarnessLease),
 }
 
 /// Test hook: how long the router waits before parked routes and detached executors expire.
