@@ -210,7 +210,7 @@ fn relay_args(
 ) -> Result<RelayConnectArgs, String> {
     let source = ConfigSource::load(config, CliOverrides::default()).map_err(|e| e.to_string())?;
     let relay = RelayConfig::load(&source).map_err(|e| e.to_string())?;
-    let token = relay.bearer_token()?;
+    let token = relay.bearer_token().map_err(|e| e.to_string())?;
     let mut args = RelayConnectArgs::new(remote, environment_id, token);
     args.request_timeout = Duration::from_millis(relay.request_timeout_ms);
     args.connect_timeout = Duration::from_millis(relay.connect_timeout_ms);

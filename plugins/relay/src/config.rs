@@ -96,6 +96,17 @@ impl Default for RelayConfig {
     }
 }
 
+/// Why there is no bearer token for remote mode (§9.1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("invalid config: relay.token_file {0}")]
+    File(String),
+    #[error("relay.token_file {} is empty", .0.display())]
+    EmptyFile(PathBuf),
+    #[error("remote mode needs a bearer token: set {0} (or relay.token_file)")]
+    Missing(String),
+}
+
 /// `[remote]`: the reference's older table, accepted as an alias of `[relay]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -220,12 +231,11 @@ impl RelayConfig {
     /// The bearer token, from `token_file` (owner-only), the variable `token_env`, then
     /// the legacy variable (§9.1). The variables were taken out of the environment at
     /// start-up ([`secret_env`]); their captured values are used.
-    pub fn bearer_token(&self) -> Result<SecretString, String> {
+    pub fn bearer_token(&self) -> Result<SecretString, TokenError> {
         if let Some(path) = &self.token_file {
-            let token = read_token_file(path)
-                .map_err(|e| format!("invalid config: relay.token_file {}", e.describe(path)))?;
+            let token = read_token_file(path).map_err(|e| TokenError::File(e.describe(path)))?;
             if token.is_empty() {
-                return Err(format!("relay.token_file {} is empty", path.display()));
+                return Err(TokenError::EmptyFile(path.clone()));
             }
             return Ok(token);
         }
@@ -237,9 +247,6 @@ impl RelayConfig {
                 }
             }
         }
-        Err(format!(
-            "remote mode needs a bearer token: set {} (or relay.token_file)",
-            self.token_env
-        ))
+        Err(TokenError::Missing(self.token_env.clone()))
     }
 }

@@ -54,7 +54,9 @@ fn open_relay(
     if !config.enabled() {
         return Ok(None);
     }
-    let token = config.bearer_token().map_err(StartupError)?;
+    let token = config
+        .bearer_token()
+        .map_err(|e| StartupError(e.to_string()))?;
     let base = BaseUrl::parse(
         config.url.as_deref().unwrap_or_default(),
         config.allow_insecure,

@@ -29,4 +29,6 @@ pub mod signing;
 pub mod store;
 
 pub use router::RouterTiming;
-pub use service::{grace, run, start, RendezvousArgs, RunningRendezvous, SIGNING_KEY_ENV};
+pub use service::{
+    grace, run, start, RendezvousArgs, RunningRendezvous, StartError, SIGNING_KEY_ENV,
+};

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
 use exec_server_relay_core::endpoint::{
-    check_environment_id, decode_segment, encode_segment, BaseUrl,
+    check_environment_id, decode_segment, encode_segment, BaseUrl, UrlError,
 };
 use exec_server_relay_core::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
 use exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
@@ -34,7 +34,7 @@ use crate::memory::MemoryStore;
 use crate::rate_limit::{Limited, RateLimits};
 use crate::refusal::Refusal;
 use crate::router::{Router, RouterTiming, SocketRole};
-use crate::signing::{key_hash, token_digest, AuthorizationClaims, SigningKey};
+use crate::signing::{key_hash, token_digest, AuthorizationClaims, SigningKey, SigningKeyError};
 use crate::store::{Connectable, Epoch, HarnessLease, RegisterRefusal, TokenGrant, UpgradeRefusal};
 
 /// Environment variable holding the base64 signing key (§8.4).
@@ -81,18 +81,43 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// Why the service could not start (exit status 2, like every start-up error).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("rendezvous.listen must be http://IP:PORT, got `{0}`")]
+    Listen(String),
+    #[error(
+        "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
+    )]
+    ListenTls,
+    #[error(
+        "refusing plain HTTP on the non-loopback address {0} without rendezvous.public_url (a TLS proxy in front) or rendezvous.allow_insecure = true"
+    )]
+    Insecure(SocketAddr),
+    #[error("rendezvous.public_url {problem}, got `{url}`")]
+    PublicUrl { url: String, problem: UrlError },
+    #[error("invalid config: rendezvous.signing_key_file {0}")]
+    SigningKeyFile(String),
+    #[error(transparent)]
+    SigningKey(#[from] SigningKeyError),
+    #[error("{0}")]
+    Tokens(String),
+    #[error("failed to bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("failed to read the bound address: {0}")]
+    LocalAddr(std::io::Error),
+}
+
 /// `rendezvous.listen`: `http://IP:PORT` with an explicit port (0 picks a free one).
-fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
-    let wrong = || format!("rendezvous.listen must be http://IP:PORT, got `{listen}`");
+fn parse_listen(listen: &str) -> Result<SocketAddr, StartError> {
+    let wrong = || StartError::Listen(listen.to_owned());
     let url = Url::parse(listen).map_err(|_| wrong())?;
     match url.scheme() {
         "http" => {}
-        "https" => {
-            return Err(
-                "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
-                    .into(),
-            )
-        }
+        "https" => return Err(StartError::ListenTls),
         _ => return Err(wrong()),
     }
     let bare = !url.username().is_empty()
@@ -118,25 +143,24 @@ fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
 
 /// `rendezvous.public_url` (§8.9): `http(s)://`, host, optional port and path prefix, no
 /// query or fragment, trailing `/` removed.
-fn parse_public_url(url: &str) -> Result<BaseUrl, String> {
-    BaseUrl::parse(url, true).map_err(|e| format!("rendezvous.public_url {e}, got `{url}`"))
+fn parse_public_url(url: &str) -> Result<BaseUrl, StartError> {
+    BaseUrl::parse(url, true).map_err(|problem| StartError::PublicUrl {
+        url: url.to_owned(),
+        problem,
+    })
 }
 
-fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
+fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, StartError> {
     if let Some(path) = &config.signing_key_file {
-        let mut bytes = read_secret_file(path).map_err(|e| {
-            format!(
-                "invalid config: rendezvous.signing_key_file {}",
-                e.describe(path)
-            )
-        })?;
+        let mut bytes =
+            read_secret_file(path).map_err(|e| StartError::SigningKeyFile(e.describe(path)))?;
         let key = SigningKey::new(&bytes);
         zeroize::Zeroize::zeroize(&mut bytes);
-        return key;
+        return Ok(key?);
     }
     // Captured and erased from the environment at start-up.
     if let Some(text) = secret_env::secret_variable(SIGNING_KEY_ENV) {
-        return SigningKey::from_base64(text.expose());
+        return Ok(SigningKey::from_base64(text.expose())?);
     }
     tracing::warn!(
         "no rendezvous signing key configured; generated one for this run: URLs and authorizations will not survive a restart"
@@ -150,12 +174,10 @@ pub async fn start(
     config: RendezvousConfig,
     timing: RouterTiming,
     limits: ListenerLimits,
-) -> Result<RunningRendezvous, String> {
+) -> Result<RunningRendezvous, StartError> {
     let addr = parse_listen(&config.listen)?;
     if !addr.ip().is_loopback() && config.public_url.is_none() && !config.allow_insecure {
-        return Err(format!(
-            "refusing plain HTTP on the non-loopback address {addr} without rendezvous.public_url (a TLS proxy in front) or rendezvous.allow_insecure = true"
-        ));
+        return Err(StartError::Insecure(addr));
     }
     if !addr.ip().is_loopback() && config.public_url.is_none() {
         tracing::warn!("plain HTTP on a non-loopback address: bearer tokens travel in clear");
@@ -166,13 +188,11 @@ pub async fn start(
         .map(parse_public_url)
         .transpose()?;
     let key = load_signing_key(&config)?;
-    let store = Arc::new(MemoryStore::new(&config)?);
+    let store = Arc::new(MemoryStore::new(&config).map_err(StartError::Tokens)?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| format!("failed to bind {addr}: {e}"))?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|e| format!("failed to read the bound address: {e}"))?;
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let local_addr = listener.local_addr().map_err(StartError::LocalAddr)?;
     let base_path = config.base_path.trim_end_matches('/').to_owned();
     let public = match public_url {
         Some(url) => url,
@@ -249,7 +269,7 @@ pub async fn run(
     }
     let running = start(config, RouterTiming::default(), args.listener)
         .await
-        .map_err(StartupError)?;
+        .map_err(|e| StartupError(e.to_string()))?;
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();

@@ -11,6 +11,15 @@ use exec_server_relay_core::noise::NoisePublicKey;
 /// At least this many bytes of signing key.
 pub const MIN_SIGNING_KEY: usize = 32;
 
+/// A signing key the service refuses (§8.4).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SigningKeyError {
+    #[error("the rendezvous signing key must be at least {MIN_SIGNING_KEY} bytes, got {0}")]
+    TooShort(usize),
+    #[error("EXEC_SERVER_RENDEZVOUS_SIGNING_KEY is not valid base64")]
+    Base64,
+}
+
 /// The service's signing key.
 pub struct SigningKey(hmac::Key);
 
@@ -21,21 +30,18 @@ impl std::fmt::Debug for SigningKey {
 }
 
 impl SigningKey {
-    pub fn new(bytes: &[u8]) -> Result<Self, String> {
+    pub fn new(bytes: &[u8]) -> Result<Self, SigningKeyError> {
         if bytes.len() < MIN_SIGNING_KEY {
-            return Err(format!(
-                "the rendezvous signing key must be at least {MIN_SIGNING_KEY} bytes, got {}",
-                bytes.len()
-            ));
+            return Err(SigningKeyError::TooShort(bytes.len()));
         }
         Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, bytes)))
     }
 
     /// Standard base64 of the key, as in `EXEC_SERVER_RENDEZVOUS_SIGNING_KEY`.
-    pub fn from_base64(text: &str) -> Result<Self, String> {
+    pub fn from_base64(text: &str) -> Result<Self, SigningKeyError> {
         let bytes = STANDARD
             .decode(text.trim())
-            .map_err(|_| "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY is not valid base64".to_owned())?;
+            .map_err(|_| SigningKeyError::Base64)?;
         Self::new(&bytes)
     }
 
