@@ -14,7 +14,7 @@
 //! * [`router`] — the live sockets and routes of this process (§8.6–§8.7).
 //! * `hub` — where store and router meet, and the executor and harness socket loops.
 //! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
-//! * `refusal` — every limit as a refusal: status, error code, and a message naming the
+//! * [`refusal`] — every limit as a refusal: status, error code, and a message naming the
 //!   configuration key to raise.
 
 mod capacity;
@@ -22,7 +22,7 @@ pub mod config;
 mod hub;
 pub mod memory;
 mod rate_limit;
-mod refusal;
+pub mod refusal;
 pub mod router;
 pub mod service;
 pub mod signing;
