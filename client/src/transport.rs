@@ -22,6 +22,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::Connector;
 
 use crate::ExecServerError;
 
@@ -179,7 +180,8 @@ impl Transport for StdioTransport {
 
 // ---- WebSocket ------------------------------------------------------------------------
 
-/// A WebSocket listener at `ws://IP:PORT`, optionally with a bearer token (PROTOCOL §1.3).
+/// A WebSocket listener at `ws://IP:PORT` (or `wss://` behind a TLS proxy), optionally
+/// with a bearer token (PROTOCOL §1.3).
 pub(crate) struct WebSocketTransport {
     url: String,
     bearer_token: Option<String>,
@@ -219,8 +221,12 @@ impl Transport for WebSocketTransport {
             let config = WebSocketConfig::default()
                 .max_message_size(Some(self.max_message_bytes))
                 .max_frame_size(Some(self.max_message_bytes));
+            // `wss` with the relay's TLS configuration (the system's roots), so every TLS
+            // connection of the client trusts the same certificates.
+            let tls = (request.uri().scheme_str() == Some("wss"))
+                .then(|| Connector::Rustls(exec_server_relay_core::tls::client_config()));
             let (socket, _) =
-                tokio_tungstenite::connect_async_with_config(request, Some(config), true)
+                tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, tls)
                     .await
                     .map_err(|e| ExecServerError::Connect(format!("{}: {e}", self.url)))?;
             let (mut sink, mut stream) = socket.split();

@@ -208,6 +208,13 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     let (handle, mut reader) = link::start(ws, args.link_timing);
 
     let suite = identity.suite();
+    if bundle.security_profile != suite.security_profile() {
+        return Err(RelayError::Config(format!(
+            "the registry selected the security profile `{}`; this harness's key is for `{}`",
+            crate::proto::truncate_for_log(&bundle.security_profile),
+            suite.security_profile()
+        )));
+    }
     let p = suite.prologue(
         &bundle.environment_id,
         &bundle.executor_registration_id,

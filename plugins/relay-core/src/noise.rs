@@ -73,12 +73,27 @@ pub enum NoiseError {
     Protocol(String),
 }
 
-/// A static public key of one suite: the suite's tag and its public key bytes (for v1 the
+/// A static public key of one suite: the suite and its public key bytes (for v1 the
 /// 32-byte X25519 key). Only its suite interprets the bytes.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct NoisePublicKey {
-    suite: &'static str,
+    suite: &'static dyn NoiseSuite,
     bytes: Arc<[u8]>,
+}
+
+impl PartialEq for NoisePublicKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.suite.name() == other.suite.name() && self.bytes == other.bytes
+    }
+}
+
+impl Eq for NoisePublicKey {}
+
+impl std::hash::Hash for NoisePublicKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.suite.name().hash(state);
+        self.bytes.hash(state);
+    }
 }
 
 impl std::fmt::Debug for NoisePublicKey {
@@ -90,20 +105,25 @@ impl std::fmt::Debug for NoisePublicKey {
 impl NoisePublicKey {
     /// A v1 (X25519) public key.
     pub fn x25519(key: [u8; 32]) -> Self {
-        Self::new(SUITE_V1, &key)
+        Self::new(&IkSuite, &key)
     }
 
     /// A key of `suite` from its public key bytes; suites check the bytes first.
-    pub(crate) fn new(suite: &'static str, bytes: &[u8]) -> Self {
+    pub(crate) fn new(suite: &'static dyn NoiseSuite, bytes: &[u8]) -> Self {
         Self {
             suite,
             bytes: Arc::from(bytes),
         }
     }
 
+    /// The suite the key belongs to.
+    pub fn suite(&self) -> &'static dyn NoiseSuite {
+        self.suite
+    }
+
     /// The tag of the suite the key belongs to.
     pub fn suite_name(&self) -> &'static str {
-        self.suite
+        self.suite.name()
     }
 
     /// The public key bytes, as the suite defines them (v1: the 32 X25519 bytes). The
@@ -119,10 +139,7 @@ impl NoisePublicKey {
 
     /// The key JSON of §3.2, printed by the key's suite.
     pub fn to_json(&self) -> Value {
-        match suite_by_name(self.suite) {
-            Some(suite) => suite.print_key(self),
-            None => unreachable!("keys are only made by a suite of this build"),
-        }
+        self.suite.print_key(self)
     }
 
     /// Parses key JSON strictly (§3.2): the `suite` member picks the suite, which parses
@@ -181,7 +198,7 @@ impl NoiseIdentity {
 
     /// The suite this identity belongs to.
     pub fn suite(&self) -> &'static dyn NoiseSuite {
-        suite_by_name(self.public.suite).expect("identities are only made by a suite of this build")
+        self.public.suite
     }
 
     pub(crate) fn private(&self) -> &[u8] {
@@ -276,7 +293,10 @@ pub trait RecordCipher: Send {
 }
 
 /// Parses the v1 key JSON shape: exactly `suite` and a strict `x25519_public_key` (§3.2).
-fn parse_x25519_key(value: &Value, suite: &'static str) -> Result<NoisePublicKey, NoiseError> {
+fn parse_x25519_key(
+    value: &Value,
+    suite: &'static dyn NoiseSuite,
+) -> Result<NoisePublicKey, NoiseError> {
     let object = value
         .as_object()
         .ok_or(NoiseError::KeyJson("not an object"))?;

@@ -211,10 +211,8 @@ impl RegistryClient {
         key: &NoisePublicKey,
         name: Option<&str>,
     ) -> Result<Registration, RegistryError> {
-        let profile = crate::noise::suite_by_name(key.suite_name())
-            .map_or("", |suite| suite.security_profile());
         let mut body = json!({
-            "security_profile": profile,
+            "security_profile": key.suite().security_profile(),
             "executor_public_key": key.to_json(),
         });
         if let Some(name) = name {

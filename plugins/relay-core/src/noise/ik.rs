@@ -30,7 +30,7 @@ impl IkSuite {
             .resolve_dh(&snow::params::DHChoice::Curve25519)
             .expect("curve25519 is available");
         dh.set(&private);
-        let public = NoisePublicKey::new(SUITE_V1, dh.pubkey());
+        let public = NoisePublicKey::new(&IkSuite, dh.pubkey());
         NoiseIdentity::from_parts(private.to_vec(), public)
     }
 
@@ -59,12 +59,12 @@ impl NoiseSuite for IkSuite {
         let keypair = builder()
             .generate_keypair()
             .expect("the v1 suite generates key pairs");
-        let public = NoisePublicKey::new(SUITE_V1, &keypair.public);
+        let public = NoisePublicKey::new(&IkSuite, &keypair.public);
         NoiseIdentity::from_parts(keypair.private, public)
     }
 
     fn parse_key(&self, value: &Value) -> Result<NoisePublicKey, NoiseError> {
-        parse_x25519_key(value, SUITE_V1)
+        parse_x25519_key(value, &IkSuite)
     }
 
     fn print_key(&self, key: &NoisePublicKey) -> Value {
