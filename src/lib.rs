@@ -12,7 +12,7 @@
 //! ```
 //!
 //! * [`cli`] — the command line.
-//! * [`run`] — `exec-server run`: a remote command that behaves like a local one.
+//! * [`mod@run`] — `exec-server run`: a remote command that behaves like a local one.
 //! * [`helpers`] — the hidden helpers a host binary dispatches before anything else.
 //! * [`harden_process`] — what [`main_with_plugins`] does before anything else; a host
 //!   with its own `main` calls it first.

@@ -6,6 +6,7 @@
 //! where the server ends with its stdin).
 
 use std::any::Any;
+#[cfg(feature = "in-process")]
 use std::sync::Arc;
 use std::time::Duration;
 

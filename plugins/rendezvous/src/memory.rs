@@ -7,7 +7,7 @@
 //! executor ends it too, while the environment stays. Expiry runs in the background sweep
 //! and also lazily whenever an environment is accessed, and a registration that finds the
 //! service full sweeps first, so capacity is free the moment its registration is due to
-//! go. The capacity itself is counted by [`Capacity`]; an environment's record and its
+//! go. The capacity itself is counted by `Capacity`; an environment's record and its
 //! slot live and die together.
 
 use std::collections::{HashMap, HashSet, VecDeque};
