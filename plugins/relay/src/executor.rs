@@ -16,7 +16,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use exec_server_relay_core::driver::{
-    drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
+    drive_stream, sleep_until_opt, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink,
+    STREAM_INBOX,
 };
 use exec_server_relay_core::endpoint::BaseUrl;
 use exec_server_relay_core::link::{self, Incoming, LinkTiming, OpenError};
@@ -850,13 +851,6 @@ impl Executor {
         {
             connection.abort();
         }
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 
