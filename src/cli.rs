@@ -78,7 +78,7 @@ pub enum Command {
     Config,
     /// Run a command on a server as if it were local: live output, stdin forwarded,
     /// `--tty` for a terminal, the remote exit code as the exit code.
-    Run(exec_server_client::run::RunArgs),
+    Run(crate::run::RunArgs),
     /// Run the self-hosted relay registry and rendezvous service. `--listen http://IP:PORT`
     /// picks the address (default `http://127.0.0.1:0`); the first stdout line is its URL.
     Rendezvous {

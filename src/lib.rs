@@ -12,11 +12,13 @@
 //! ```
 //!
 //! * [`cli`] — the command line.
+//! * [`mod@run`] — `exec-server run`: a remote command that behaves like a local one.
 //! * [`helpers`] — the hidden helpers a host binary dispatches before anything else.
 //! * [`harden_process`] — what [`main_with_plugins`] does before anything else; a host
 //!   with its own `main` calls it first.
 
 pub mod cli;
+pub mod run;
 
 pub use exec_server_core::hygiene::harden_process;
 
@@ -41,7 +43,9 @@ use exec_server_config::core::CONNECTION_TOKEN_ENV;
 use exec_server_config::{secret_env, CliOverrides, ConfigSource, CoreConfig};
 use exec_server_core::hygiene;
 use exec_server_core::router::MethodPlan;
-use exec_server_core::server::{open_configured_transports, open_listeners, run};
+use exec_server_core::server::{
+    open_configured_transports, open_listeners, run, shutdown_signal, RunError,
+};
 use exec_server_core::{plugin, ServerContext, StartupError};
 
 // The inventory caveat: a crate nothing references is not linked and registers nothing.
@@ -50,6 +54,7 @@ use exec_server_environment as _;
 use exec_server_fs as _;
 use exec_server_process as _;
 use exec_server_relay as _;
+use exec_server_rendezvous as _;
 use exec_server_search as _;
 
 /// Plugins this library is built with, and the crate that provides each.
@@ -59,11 +64,15 @@ pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
     ("fs", "exec-server-fs"),
     ("process", "exec-server-process"),
     ("relay", "exec-server-relay"),
+    ("rendezvous", "exec-server-rendezvous"),
     ("search", "exec-server-search"),
 ];
 
 /// Exit status of every start-up and configuration error (PROTOCOL §7).
 const EXIT_CONFIG: u8 = 2;
+/// Exit status when a listener stops for good while serving (a terminal relay registry
+/// answer, RELAY §9.1).
+const EXIT_LISTENER_FAILED: u8 = 1;
 
 /// Runs exec-server with the built-in plugins: dispatches hidden helpers first, then parses
 /// the command line, loads configuration and serves.
@@ -93,40 +102,52 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
             if let Ok(source) = ConfigSource::load(config.as_deref(), CliOverrides::default()) {
                 secret_env::capture_variables_named_by(&source);
             }
-            return exec_server_client::run::main(run, config.as_deref());
+            return run::main(run, config.as_deref());
         }
         cli => cli,
     };
     let expected: Vec<(&str, &str)> = BUILT_IN_PLUGINS.iter().chain(extra).copied().collect();
     match start(cli, &expected) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
+        Err(RunError::Startup(error)) => {
             eprintln!("{error}");
             ExitCode::from(EXIT_CONFIG)
+        }
+        Err(RunError::Listener(error)) => {
+            tracing::error!("{error}");
+            ExitCode::from(EXIT_LISTENER_FAILED)
         }
     }
 }
 
-fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), StartupError> {
+fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
     check_linked_plugins(expected)?;
     let overrides = cli.overrides().map_err(StartupError)?;
-    let source = ConfigSource::load(cli.config.as_deref(), overrides)?;
+    let source =
+        ConfigSource::load(cli.config.as_deref(), overrides).map_err(StartupError::from)?;
     // No thread has started yet: the last moment secrets may be taken from the environment.
     secret_env::capture_variables_named_by(&source);
-    let core = CoreConfig::from_source(&source, secret_env::secret_variable(CONNECTION_TOKEN_ENV))?;
+    let core = CoreConfig::from_source(&source, secret_env::secret_variable(CONNECTION_TOKEN_ENV))
+        .map_err(StartupError::from)?;
     match cli.command {
-        Some(cli::Command::Methods) => print_methods(&source, &core),
-        Some(cli::Command::Config) => print_config(&source, &core),
+        Some(cli::Command::Methods) => Ok(print_methods(&source, &core)?),
+        Some(cli::Command::Config) => Ok(print_config(&source, &core)?),
         Some(cli::Command::Run(_)) => unreachable!("`run` is dispatched before start-up"),
         Some(cli::Command::Rendezvous { public_url }) => {
             init_logging();
             prepare_to_listen();
-            let args = exec_server_relay::rendezvous::RendezvousArgs {
+            let args = exec_server_rendezvous::RendezvousArgs {
                 listen: cli.listen.first().cloned(),
                 public_url,
                 listener: (&core.listener).into(),
             };
-            exec_server_relay::rendezvous::run_cli(&source, args)
+            let runtime = async_runtime()?;
+            let served = runtime.block_on(async {
+                let signals = shutdown_signal()?;
+                exec_server_rendezvous::run(&source, args, signals).await
+            });
+            runtime.shutdown_background();
+            Ok(served?)
         }
         None => serve(source, core),
     }
@@ -215,14 +236,18 @@ fn without_nulls(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
-fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
-    init_logging();
-    prepare_to_listen();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+fn async_runtime() -> Result<tokio::runtime::Runtime, StartupError> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
-    runtime.block_on(async move {
+        .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))
+}
+
+fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), RunError> {
+    init_logging();
+    prepare_to_listen();
+    let runtime = async_runtime()?;
+    let served = runtime.block_on(async move {
         let mut urls = core.server.listen.clone();
         let server: Arc<ServerContext> = ServerContext::new(&source, core)?;
         let configured = open_configured_transports(&source, &server)?;
@@ -233,9 +258,9 @@ fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
         // Codex refuses an authentication mode that no WebSocket listener would use.
         let authenticated = server.core.websocket.auth.is_some();
         if authenticated && !urls.is_empty() && !urls.iter().any(|u| u.starts_with("ws://")) {
-            return Err(StartupError(
+            return Err(RunError::from(StartupError(
                 "WebSocket auth requires a WebSocket listener, not stdio".into(),
-            ));
+            )));
         }
         let mut listeners = open_listeners(&urls, &server)?;
         listeners.extend(configured);
@@ -243,9 +268,11 @@ fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), StartupError> {
         // as soon as the address is announced already means "shut down gracefully".
         let signals = shutdown_signal()?;
         run(server, listeners, signals).await
-    })?;
-    // Plugins may hold blocking threads (process spawner, waiters); do not wait for them.
-    std::process::exit(0);
+    });
+    // Plugins may hold blocking threads (process spawner, waiters); do not wait for them:
+    // they end with the process.
+    runtime.shutdown_background();
+    served
 }
 
 fn init_logging() {
@@ -257,20 +284,4 @@ fn init_logging() {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-}
-
-/// Installs the SIGTERM and SIGINT handlers now; the future resolves on either signal.
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, StartupError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let install = |kind| {
-        signal(kind).map_err(|e| StartupError(format!("failed to install a signal handler: {e}")))
-    };
-    let mut term = install(SignalKind::terminate())?;
-    let mut int = install(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
 }

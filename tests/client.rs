@@ -1080,3 +1080,34 @@ async fn relay_connect_and_run() {
     assert_eq!(String::from_utf8_lossy(&output.stdout), "via-run\n");
     assert_eq!(output.status.code(), Some(7));
 }
+
+#[tokio::test]
+async fn a_wss_url_is_reached_over_tls() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("wss://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let connecting = tokio::spawn(async move {
+        ExecServerClient::connect_websocket(&url, None, ClientOptions::default()).await
+    });
+    let (mut tcp, _) = tokio::time::timeout(STEP_TIMEOUT, listener.accept())
+        .await
+        .expect("the client connects")
+        .unwrap();
+    let mut head = [0u8; 6];
+    tokio::time::timeout(STEP_TIMEOUT, tcp.read_exact(&mut head))
+        .await
+        .expect("the client sends")
+        .unwrap();
+    // A TLS handshake record (0x16, TLS 0x03) holding a ClientHello (type 1).
+    assert_eq!(
+        (head[0], head[1], head[5]),
+        (0x16, 0x03, 0x01),
+        "{head:02x?}"
+    );
+    drop(tcp);
+    let error = tokio::time::timeout(STEP_TIMEOUT, connecting)
+        .await
+        .expect("the client gives up")
+        .unwrap()
+        .expect_err("no TLS server");
+    assert!(matches!(error, ExecServerError::Connect(_)), "{error:?}");
+}

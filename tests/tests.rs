@@ -6,8 +6,10 @@ mod util;
 
 mod capabilities;
 mod client;
+mod client_in_process;
 mod codex;
 mod config;
+mod dependencies;
 mod environment;
 mod environment_config;
 mod escape;

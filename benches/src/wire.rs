@@ -2,7 +2,7 @@
 //! the same code over a WebSocket or a relay stream.
 
 use base64::Engine as _;
-use exec_server_relay::harness::RelayConnection;
+use exec_server_relay_core::harness::RelayConnection;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};

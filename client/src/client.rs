@@ -4,7 +4,9 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "in-process")]
 use exec_server_config::{ConfigSource, CoreConfig};
+#[cfg(feature = "in-process")]
 use exec_server_core::ServerContext;
 use exec_server_proto::bytes::{decode_base64, encode_base64, Empty};
 use exec_server_proto::environment::{EnvironmentInfo, EnvironmentStatus};
@@ -20,7 +22,7 @@ use exec_server_proto::process::{
     TerminateParams, TerminateResult, WriteParams, WriteResult, WriteStatus,
 };
 use exec_server_proto::{fs, process};
-use exec_server_relay::harness::RelayConnectArgs;
+use exec_server_relay_core::harness::RelayConnectArgs;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -29,9 +31,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::process::{ProcessControl, ProcessEvents, ProcessHandle};
 use crate::session::{handshake, supervise, HandshakeError, Retry, Shared};
-use crate::transport::{
-    InProcessTransport, RelayTransport, StdioTransport, Transport, WebSocketTransport,
-};
+#[cfg(feature = "in-process")]
+use crate::transport::InProcessTransport;
+use crate::transport::{RelayTransport, StdioTransport, Transport, WebSocketTransport};
 use crate::ExecServerError;
 
 /// Settings of a client. `Default` gives the values reference clients use.
@@ -137,6 +139,8 @@ impl ExecServerClient {
 
     /// Builds a server in this process from `source` (with every plugin linked into the
     /// binary) and connects to it without a socket. The server shuts down with the client.
+    /// Needs the `in-process` feature.
+    #[cfg(feature = "in-process")]
     pub async fn connect_in_process(
         source: &ConfigSource,
         options: ClientOptions,
@@ -148,6 +152,8 @@ impl ExecServerClient {
     }
 
     /// Connects to an existing in-process server; it keeps running after the client.
+    /// Needs the `in-process` feature.
+    #[cfg(feature = "in-process")]
     pub async fn connect_in_process_server(
         server: Arc<ServerContext>,
         options: ClientOptions,
@@ -539,7 +545,3 @@ impl ExecServerClient {
             .await
     }
 }
-
-#[cfg(test)]
-#[path = "client_tests.rs"]
-mod tests;

@@ -1,13 +1,17 @@
-//! A client for exec-server and any server speaking the codex exec-server protocol
-//! (`PROTOCOL.md`): typed calls for every method, process events strictly in `seq` order,
-//! and sessions that survive the loss of their connection.
+//! The Rust client library of exec-server: its one job is to speak the codex exec-server
+//! protocol (`PROTOCOL.md`) to a server, for any program — typed calls for every method,
+//! process events strictly in `seq` order, and sessions that survive the loss of their
+//! connection. The `exec-server run` command is one such program (in the binary crate).
+//!
+//! It carries no server: its transports are stdio, WebSocket and the encrypted relay
+//! (through `exec-server-relay-core`); with the `in-process` feature it also connects to a
+//! server built in the same process (which brings in `exec-server-core`).
 //!
 //! * [`client`] — [`ExecServerClient`]: the connect functions (stdio, WebSocket, relay,
 //!   in-process, any [`Transport`]) and one typed method per protocol method.
 //! * [`process`] — [`ProcessHandle`], its ordered [`ProcessEvents`] and the cloneable
 //!   [`ProcessControl`] (write with automatic `writeId`s, resize, signal, terminate).
 //! * [`transport`] — the [`Transport`] trait and the built-in transports.
-//! * [`run`] — the `exec-server run` command: a remote command that behaves like a local one.
 //! * [`error`] — [`ExecServerError`].
 //! * `session` — requests in flight, followed processes, and the supervisor that resumes
 //!   the session after a lost connection.
@@ -79,14 +83,15 @@
 //! # }
 //! ```
 //!
-//! A server in this process, for tests and embedding (the plugin crates must be linked
-//! into the binary for their methods to exist):
+//! A server in this process, for tests and embedding (with the `in-process` feature; the
+//! plugin crates must be linked into the binary for their methods to exist):
 //!
 //! ```no_run
+//! # #[cfg(feature = "in-process")]
+//! # async fn example() -> Result<(), exec_server_client::ExecServerError> {
 //! use exec_server_client::{ClientOptions, ExecServerClient};
 //! use exec_server_config::ConfigSource;
 //!
-//! # async fn example() -> Result<(), exec_server_client::ExecServerError> {
 //! let source = ConfigSource::from_toml_str("[session]\ndetached_ttl_ms = 5000\n");
 //! let client = ExecServerClient::connect_in_process(&source, ClientOptions::default()).await?;
 //! println!("{}", client.environment_status().await?.status);
@@ -98,15 +103,14 @@ pub mod client;
 pub mod error;
 pub mod process;
 mod reorder;
-pub mod run;
 mod session;
 pub mod transport;
 
 pub use client::{ClientOptions, ExecServerClient};
 pub use error::ExecServerError;
 pub use exec_server_proto as proto;
-/// The relay crate, for [`relay::harness::RelayConnectArgs`].
-pub use exec_server_relay as relay;
+/// The relay core, for [`relay::harness::RelayConnectArgs`].
+pub use exec_server_relay_core as relay;
 pub use process::{
     EventResult, ProcessControl, ProcessEvent, ProcessEvents, ProcessHandle, ProcessOutput,
 };

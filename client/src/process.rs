@@ -232,6 +232,12 @@ impl ProcessControl {
         &self.id
     }
 
+    /// The `writeId` of the last [`ProcessControl::write`] (0 before the first), so a
+    /// caller sending `process/write` itself can repeat a write with its id.
+    pub fn last_write_id(&self) -> u64 {
+        self.write_ids.load(Ordering::SeqCst)
+    }
+
     /// Writes bytes to stdin (pipe mode with `pipeStdin`) or to the terminal (PROTOCOL §4.7).
     pub async fn write(&self, bytes: &[u8]) -> Result<WriteStatus, ExecServerError> {
         let write_id = self.write_ids.fetch_add(1, Ordering::SeqCst) + 1;

@@ -6,11 +6,13 @@
 //! where the server ends with its stdin).
 
 use std::any::Any;
+#[cfg(feature = "in-process")]
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "in-process")]
 use exec_server_core::{InProcessConnection, ServerContext};
-use exec_server_relay::harness::{connect_relay, RelayConnectArgs};
+use exec_server_relay_core::harness::{connect_relay, RelayConnectArgs};
 use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -21,6 +23,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::Connector;
 
 use crate::ExecServerError;
 
@@ -178,7 +181,8 @@ impl Transport for StdioTransport {
 
 // ---- WebSocket ------------------------------------------------------------------------
 
-/// A WebSocket listener at `ws://IP:PORT`, optionally with a bearer token (PROTOCOL §1.3).
+/// A WebSocket listener at `ws://IP:PORT` (or `wss://` behind a TLS proxy), optionally
+/// with a bearer token (PROTOCOL §1.3).
 pub(crate) struct WebSocketTransport {
     url: String,
     bearer_token: Option<String>,
@@ -218,8 +222,12 @@ impl Transport for WebSocketTransport {
             let config = WebSocketConfig::default()
                 .max_message_size(Some(self.max_message_bytes))
                 .max_frame_size(Some(self.max_message_bytes));
+            // `wss` with the relay's TLS configuration (the system's roots), so every TLS
+            // connection of the client trusts the same certificates.
+            let tls = (request.uri().scheme_str() == Some("wss"))
+                .then(|| Connector::Rustls(exec_server_relay_core::tls::client_config()));
             let (socket, _) =
-                tokio_tungstenite::connect_async_with_config(request, Some(config), true)
+                tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, tls)
                     .await
                     .map_err(|e| ExecServerError::Connect(format!("{}: {e}", self.url)))?;
             let (mut sink, mut stream) = socket.split();
@@ -290,18 +298,21 @@ impl Transport for WebSocketTransport {
 // ---- in-process -----------------------------------------------------------------------
 
 /// A server in this process: no socket, the same connection processor as every transport.
+#[cfg(feature = "in-process")]
 pub(crate) struct InProcessTransport {
     server: Arc<ServerContext>,
     /// The client built this server, so it shuts it down when it is done with it.
     owned: bool,
 }
 
+#[cfg(feature = "in-process")]
 impl InProcessTransport {
     pub(crate) fn new(server: Arc<ServerContext>, owned: bool) -> Self {
         Self { server, owned }
     }
 }
 
+#[cfg(feature = "in-process")]
 impl Transport for InProcessTransport {
     fn connect(&self) -> BoxFuture<'_, Result<Connection, ExecServerError>> {
         Box::pin(async move {

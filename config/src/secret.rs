@@ -1,5 +1,6 @@
-//! Holding secrets: a string that never prints itself, and the reader for files that hold
-//! one (token and key files), which refuses files that group or others may read or write.
+//! Holding secrets: a string that never prints itself, the reader for files that hold one
+//! (token and key files), which refuses files that group or others may read or write, and
+//! the comparison that takes as long whatever the secret's contents.
 
 use std::fmt;
 use std::io::Read as _;
@@ -206,6 +207,12 @@ pub fn read_token_file(path: &Path) -> Result<SecretString, SecretFileError> {
     let token = SecretString::new(text.trim());
     drop(SecretString(text));
     Ok(token)
+}
+
+/// Equality of two byte strings in time that depends on their lengths only, for comparing
+/// a presented secret (or its digest) with the expected one.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

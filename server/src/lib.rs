@@ -48,6 +48,8 @@ pub use plugin::{
 };
 pub use quota::{Quota, QuotaLease};
 pub use router::StartupError;
-pub use server::{ConfiguredTransport, Listener, ListenerKind, ServerContext};
+pub use server::{
+    ConfiguredTransport, Listener, ListenerFailed, ListenerKind, RunError, ServerContext,
+};
 pub use session::Session;
 pub use worker_threads::WorkerThreads;

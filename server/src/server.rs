@@ -78,8 +78,27 @@ pub trait Listener: Send {
         false
     }
 
-    /// Serves connections until the server shuts down.
-    async fn serve(self: Box<Self>, server: Arc<ServerContext>);
+    /// Serves connections until the server shuts down. An `Err` means the listener
+    /// stopped for good while the server was running: the server shuts down and its
+    /// process exits with status 1.
+    async fn serve(self: Box<Self>, server: Arc<ServerContext>) -> Result<(), ListenerFailed>;
+}
+
+/// A listener that stopped for good while the server was running, for instance the relay
+/// executor after a terminal registry answer (RELAY §7.6).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ListenerFailed(pub String);
+
+/// Why [`run`] ended other than by an orderly shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Binding a listener failed (exit status 2, like every start-up error).
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    /// A listener stopped for good while serving (exit status 1).
+    #[error(transparent)]
+    Listener(#[from] ListenerFailed),
 }
 
 /// Creates an (unbound) listener for a `--listen` URL.
@@ -165,12 +184,13 @@ pub fn open_listeners(
 const LISTENER_SHUTDOWN_WAIT: Duration = Duration::from_secs(6);
 
 /// Binds every listener, announces the WebSocket addresses, serves until shutdown begins
-/// (a signal, `shutdown`, or the end of stdio), then shuts down per PROTOCOL §1.5.
+/// (a signal, `shutdown`, the end of stdio, or a listener that failed), then shuts down per
+/// PROTOCOL §1.5. A failed listener is the error.
 pub async fn run(
     server: Arc<ServerContext>,
     mut listeners: Vec<Box<dyn Listener>>,
     external_shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), StartupError> {
+) -> Result<(), RunError> {
     let mut announcements = Vec::new();
     for listener in &mut listeners {
         if let Some(line) = listener.bind().await? {
@@ -193,9 +213,11 @@ pub async fn run(
     for listener in listeners {
         tasks.spawn(listener.serve(Arc::clone(&server)));
     }
+    let mut failure = None;
     tokio::select! {
         _ = external_shutdown => {}
         _ = server.shutdown.cancelled() => {}
+        failed = first_failure(&mut tasks) => failure = Some(failed),
     }
     server.begin_shutdown();
     // Listeners stop on the cancelled token. A relay stream flushes for up to 5 s before
@@ -204,5 +226,36 @@ pub async fn run(
         while tasks.join_next().await.is_some() {}
     })
     .await;
-    Ok(())
+    failure.map_or(Ok(()), |failed| Err(failed.into()))
+}
+
+/// The first listener that fails; pending while none has.
+async fn first_failure(
+    tasks: &mut tokio::task::JoinSet<Result<(), ListenerFailed>>,
+) -> ListenerFailed {
+    loop {
+        match tasks.join_next().await {
+            Some(Ok(Err(failed))) => return failed,
+            Some(_) => {}
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Installs the SIGTERM and SIGINT handlers now; the future resolves on either signal.
+/// Installing them before a listener is bound means a signal that arrives as soon as an
+/// address is announced already means "shut down gracefully".
+pub fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, StartupError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let install = |kind| {
+        signal(kind).map_err(|e| StartupError(format!("failed to install a signal handler: {e}")))
+    };
+    let mut term = install(SignalKind::terminate())?;
+    let mut int = install(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }

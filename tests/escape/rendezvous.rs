@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exec_server_relay::noise::{NoiseIdentity, NoisePublicKey};
-use exec_server_relay::rendezvous::signing::token_digest;
+use exec_server_relay_core::noise::{NoiseIdentity, NoisePublicKey};
+use exec_server_rendezvous::signing::token_digest;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

@@ -421,7 +421,7 @@ fn collect_stderr(child: &mut tokio::process::Child) -> tokio::task::JoinHandle<
 }
 
 fn token_sha256(token: &str) -> String {
-    exec_server_relay::rendezvous::signing::token_digest(token)
+    exec_server_rendezvous::signing::token_digest(token)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

@@ -4,9 +4,11 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use exec_server_relay::harness::{connect_relay, RelayConnectArgs, RelayConnection, RelayError};
-use exec_server_relay::registry::SecretString;
-use exec_server_relay::rendezvous::signing::token_digest;
+use exec_server_relay_core::harness::{
+    connect_relay, RelayConnectArgs, RelayConnection, RelayError,
+};
+use exec_server_relay_core::registry::SecretString;
+use exec_server_rendezvous::signing::token_digest;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

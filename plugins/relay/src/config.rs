@@ -1,14 +1,13 @@
-//! The `[relay]` table (RELAY §9.2), the `[remote]` alias table and the `[rendezvous]`
-//! table (§8.3, §8.9), registered as plugins without methods so the tables are known,
-//! validated at start-up and printed by `exec-server config`.
+//! The `[relay]` table (RELAY §9.2) and its older `[remote]` alias, registered as plugins
+//! without methods so the tables are known, validated at start-up and printed by
+//! `exec-server config`.
 
 use std::path::PathBuf;
 
 use exec_server_core::config::secret::{check_secret_file_mode, read_token_file};
-use exec_server_core::config::{secret_env, ConfigError, ConfigSource, SecretString, REDACTED};
+use exec_server_core::config::{secret_env, ConfigError, ConfigSource, SecretString};
 use exec_server_core::{Install, InstallError, Plugin};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// Default variable holding the executor's bearer token.
 pub const DEFAULT_TOKEN_ENV: &str = secret_env::RELAY_TOKEN_ENV;
@@ -31,16 +30,6 @@ exec_server_core::inventory::submit! {
         summary: "older name of the [relay] table (url, environment_id, name, reconnect backoff in seconds)",
         methods: &[],
         config: Some(exec_server_core::typed_section::<RemoteAliasConfig>),
-        install: install_nothing,
-    }
-}
-
-exec_server_core::inventory::submit! {
-    Plugin {
-        name: "rendezvous",
-        summary: "the self-hosted registry and rendezvous service (`exec-server rendezvous`)",
-        methods: &[],
-        config: Some(rendezvous_section),
         install: install_nothing,
     }
 }
@@ -105,6 +94,17 @@ impl Default for RelayConfig {
             inbound_queue_bytes: 16_777_216,
         }
     }
+}
+
+/// Why there is no bearer token for remote mode (§9.1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("invalid config: relay.token_file {0}")]
+    File(String),
+    #[error("relay.token_file {} is empty", .0.display())]
+    EmptyFile(PathBuf),
+    #[error("remote mode needs a bearer token: set {0} (or relay.token_file)")]
+    Missing(String),
 }
 
 /// `[remote]`: the reference's older table, accepted as an alias of `[relay]`.
@@ -208,13 +208,13 @@ impl RelayConfig {
             _ => {}
         }
         if let Some(id) = &relay.environment_id {
-            if let Err(problem) = crate::registry::check_environment_id(id) {
+            if let Err(problem) = exec_server_relay_core::endpoint::check_environment_id(id) {
                 return Err(source.invalid("relay.environment_id", problem));
             }
         }
         if let Some(url) = &relay.url {
-            crate::registry::BaseUrl::parse(url, relay.allow_insecure)
-                .map_err(|problem| source.invalid("relay.url", problem))?;
+            exec_server_relay_core::endpoint::BaseUrl::parse(url, relay.allow_insecure)
+                .map_err(|problem| source.invalid("relay.url", problem.to_string()))?;
         }
         if let Some(path) = &relay.token_file {
             check_secret_file_mode(path)
@@ -231,12 +231,11 @@ impl RelayConfig {
     /// The bearer token, from `token_file` (owner-only), the variable `token_env`, then
     /// the legacy variable (§9.1). The variables were taken out of the environment at
     /// start-up ([`secret_env`]); their captured values are used.
-    pub fn bearer_token(&self) -> Result<SecretString, String> {
+    pub fn bearer_token(&self) -> Result<SecretString, TokenError> {
         if let Some(path) = &self.token_file {
-            let token = read_token_file(path)
-                .map_err(|e| format!("invalid config: relay.token_file {}", e.describe(path)))?;
+            let token = read_token_file(path).map_err(|e| TokenError::File(e.describe(path)))?;
             if token.is_empty() {
-                return Err(format!("relay.token_file {} is empty", path.display()));
+                return Err(TokenError::EmptyFile(path.clone()));
             }
             return Ok(token);
         }
@@ -248,214 +247,6 @@ impl RelayConfig {
                 }
             }
         }
-        Err(format!(
-            "remote mode needs a bearer token: set {} (or relay.token_file)",
-            self.token_env
-        ))
+        Err(TokenError::Missing(self.token_env.clone()))
     }
-}
-
-/// Role a rendezvous token grants (§8.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TokenRole {
-    Executor,
-    Harness,
-    Any,
-}
-
-/// One `[[rendezvous.tokens]]` entry.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    pub name: String,
-    pub sha256: String,
-    pub role: TokenRole,
-    #[serde(default = "all_environments")]
-    pub environments: Vec<String>,
-    /// This tenant's environments; unset: `rendezvous.max_environments_per_tenant`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_environments: Option<usize>,
-    /// Harness sockets open to this tenant's environments; unset:
-    /// `rendezvous.max_harness_sockets_per_tenant`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_harness_sockets: Option<usize>,
-}
-
-fn all_environments() -> Vec<String> {
-    vec!["*".to_owned()]
-}
-
-/// `[rendezvous]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RendezvousConfig {
-    pub listen: String,
-    pub public_url: Option<String>,
-    pub base_path: String,
-    pub signing_key_file: Option<PathBuf>,
-    pub allow_insecure: bool,
-    pub tls_cert_file: String,
-    pub tls_key_file: String,
-    pub executor_url_ttl_secs: u64,
-    pub harness_url_ttl_secs: u64,
-    pub authorization_ttl_secs: u64,
-    pub grace_secs: u64,
-    pub registration_ttl_secs: u64,
-    /// A registration whose executor has not attached within this is deleted.
-    pub attach_timeout_secs: u64,
-    pub max_environments: usize,
-    /// Default limit of environments per tenant (tokens sharing a `name`).
-    pub max_environments_per_tenant: usize,
-    pub max_harness_sockets_per_environment: usize,
-    /// Default limit of harness sockets open to one tenant's environments.
-    pub max_harness_sockets_per_tenant: usize,
-    pub max_parked_streams_per_environment: usize,
-    /// Largest registry request body; larger ones are refused with 413.
-    pub max_request_body_bytes: usize,
-    pub rate_limit_per_tenant_per_sec: u32,
-    pub rate_limit_per_tenant_burst: u32,
-    pub rate_limit_per_ip_per_sec: u32,
-    pub rate_limit_per_ip_burst: u32,
-    pub tokens: Vec<TokenConfig>,
-}
-
-impl Default for RendezvousConfig {
-    fn default() -> Self {
-        Self {
-            listen: "http://127.0.0.1:0".to_owned(),
-            public_url: None,
-            base_path: String::new(),
-            signing_key_file: None,
-            allow_insecure: false,
-            tls_cert_file: String::new(),
-            tls_key_file: String::new(),
-            executor_url_ttl_secs: 3_600,
-            harness_url_ttl_secs: 60,
-            authorization_ttl_secs: 60,
-            grace_secs: 30,
-            registration_ttl_secs: 600,
-            attach_timeout_secs: 60,
-            max_environments: 10_000,
-            max_environments_per_tenant: 1_000,
-            max_harness_sockets_per_environment: 256,
-            max_harness_sockets_per_tenant: 4_096,
-            max_parked_streams_per_environment: 256,
-            max_request_body_bytes: 65_536,
-            rate_limit_per_tenant_per_sec: 200,
-            rate_limit_per_tenant_burst: 1_000,
-            rate_limit_per_ip_per_sec: 100,
-            rate_limit_per_ip_burst: 500,
-            tokens: Vec::new(),
-        }
-    }
-}
-
-impl RendezvousConfig {
-    pub fn load(source: &ConfigSource) -> Result<Self, ConfigError> {
-        let config: RendezvousConfig = source.section("rendezvous")?;
-        let positive = [
-            ("rendezvous.attach_timeout_secs", config.attach_timeout_secs),
-            (
-                "rendezvous.max_environments_per_tenant",
-                config.max_environments_per_tenant as u64,
-            ),
-            (
-                "rendezvous.max_harness_sockets_per_tenant",
-                config.max_harness_sockets_per_tenant as u64,
-            ),
-            (
-                "rendezvous.max_request_body_bytes",
-                config.max_request_body_bytes as u64,
-            ),
-            (
-                "rendezvous.rate_limit_per_tenant_per_sec",
-                u64::from(config.rate_limit_per_tenant_per_sec),
-            ),
-            (
-                "rendezvous.rate_limit_per_tenant_burst",
-                u64::from(config.rate_limit_per_tenant_burst),
-            ),
-            (
-                "rendezvous.rate_limit_per_ip_per_sec",
-                u64::from(config.rate_limit_per_ip_per_sec),
-            ),
-            (
-                "rendezvous.rate_limit_per_ip_burst",
-                u64::from(config.rate_limit_per_ip_burst),
-            ),
-        ];
-        for (key, value) in positive {
-            if value == 0 {
-                return Err(source.invalid(key, "must be greater than zero, got 0"));
-            }
-        }
-        for (i, token) in config.tokens.iter().enumerate() {
-            if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(source.invalid(
-                    &format!("rendezvous.tokens.{i}.sha256"),
-                    "must be 64 hex digits",
-                ));
-            }
-            let limits = [
-                ("max_environments", token.max_environments),
-                ("max_harness_sockets", token.max_harness_sockets),
-            ];
-            for (field, value) in limits {
-                if value == Some(0) {
-                    return Err(source.invalid(
-                        &format!("rendezvous.tokens.{i}.{field}"),
-                        "must be greater than zero, got 0",
-                    ));
-                }
-            }
-            // Tokens with one name are one tenant with one set of limits.
-            let earlier = config.tokens[..i].iter().position(|t| t.name == token.name);
-            if let Some(j) = earlier {
-                let first = &config.tokens[j];
-                for (field, mine, theirs) in [
-                    (
-                        "max_environments",
-                        token.max_environments,
-                        first.max_environments,
-                    ),
-                    (
-                        "max_harness_sockets",
-                        token.max_harness_sockets,
-                        first.max_harness_sockets,
-                    ),
-                ] {
-                    if mine.is_some() && theirs.is_some() && mine != theirs {
-                        return Err(source.invalid(
-                            &format!("rendezvous.tokens.{i}.{field}"),
-                            format!(
-                                "differs from rendezvous.tokens.{j}.{field}; tokens named `{}` are one tenant with one limit",
-                                token.name
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
-        if !config.base_path.is_empty() && !config.base_path.starts_with('/') {
-            return Err(source.invalid("rendezvous.base_path", "must start with `/`"));
-        }
-        if let Some(path) = &config.signing_key_file {
-            check_secret_file_mode(path)
-                .map_err(|e| source.invalid("rendezvous.signing_key_file", e.describe(path)))?;
-        }
-        Ok(config)
-    }
-}
-
-/// The printed `[rendezvous]` table: token digests are shown as `<redacted>`.
-fn rendezvous_section(source: &ConfigSource, _table: &str) -> Result<Value, ConfigError> {
-    let config = RendezvousConfig::load(source)?;
-    let mut value = serde_json::to_value(&config).expect("the config serializes");
-    if let Some(tokens) = value["tokens"].as_array_mut() {
-        for token in tokens {
-            token["sha256"] = REDACTED.into();
-        }
-    }
-    Ok(value)
 }

@@ -10,22 +10,25 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use exec_server_core::config::ConfigSource;
 use exec_server_core::connection::{serve_connection, ConnectionInfo, Inbound};
-use exec_server_core::{Listener, ServerContext, StartupError};
+use exec_server_core::{Listener, ListenerFailed, ServerContext, StartupError};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use exec_server_relay_core::driver::{
+    drive_stream, sleep_until_opt, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink,
+    STREAM_INBOX,
+};
+use exec_server_relay_core::endpoint::BaseUrl;
+use exec_server_relay_core::link::{self, Incoming, LinkTiming, OpenError};
+use exec_server_relay_core::noise::{
+    NoiseHandshake, NoiseIdentity, NoisePublicKey, RecordCipher, MAX_AUTHORIZATION_BYTES,
+};
+use exec_server_relay_core::proto::{self, Body, RelayMessageFrame, ResetReason};
+use exec_server_relay_core::registry::{RegistryClient, RegistryError};
+use exec_server_relay_core::reliable::{ReliableStream, Role, StreamLimits, Timing};
+
 use crate::config::RelayConfig;
-use crate::driver::{
-    drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
-};
-use crate::link::{self, Incoming, LinkTiming, OpenError};
-use crate::noise::{
-    prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES,
-};
-use crate::proto::{self, Body, RelayMessageFrame, ResetReason};
-use crate::registry::{BaseUrl, RegistryClient, RegistryError};
-use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
 
 exec_server_core::inventory::submit! {
     exec_server_core::ConfiguredTransport { name: "relay", open: open_relay }
@@ -52,12 +55,14 @@ fn open_relay(
     if !config.enabled() {
         return Ok(None);
     }
-    let token = config.bearer_token().map_err(StartupError)?;
+    let token = config
+        .bearer_token()
+        .map_err(|e| StartupError(e.to_string()))?;
     let base = BaseUrl::parse(
         config.url.as_deref().unwrap_or_default(),
         config.allow_insecure,
     )
-    .map_err(StartupError)?;
+    .map_err(|e| StartupError(e.to_string()))?;
     let registry = RegistryClient::new(
         base,
         token,
@@ -78,15 +83,13 @@ impl Listener for RelayListener {
         Ok(None)
     }
 
-    async fn serve(self: Box<Self>, _server: Arc<ServerContext>) {
-        match self.executor.run().await {
-            Ok(()) => {}
-            Err(message) => {
-                tracing::error!("{message}");
-                // A terminal registry answer (§7.6, §9.1).
-                std::process::exit(1);
-            }
-        }
+    /// A terminal registry answer (§7.6, §9.1) ends the listener with an error, which
+    /// stops the server with exit status 1.
+    async fn serve(self: Box<Self>, _server: Arc<ServerContext>) -> Result<(), ListenerFailed> {
+        self.executor
+            .run()
+            .await
+            .map_err(|e| ListenerFailed(e.to_string()))
     }
 }
 
@@ -132,6 +135,14 @@ struct State {
     retired: Retired,
 }
 
+/// Why the executor stopped serving for good.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecutorError {
+    /// `register` got a terminal answer (§7.6): the process exits with status 1.
+    #[error("relay registration failed: {0}")]
+    Registration(RegistryError),
+}
+
 /// The executor: one per process in remote mode.
 pub struct Executor {
     config: RelayConfig,
@@ -151,9 +162,9 @@ pub struct Executor {
     /// runs (§7.6), so several refusals at once lead to one call.
     reregistering: AtomicBool,
     /// Cancelled when that `register` got a terminal answer: the executor stops and
-    /// [`Executor::run`] returns the message held in `fatal_message`.
+    /// [`Executor::run`] returns the error held in `fatal_message`.
     fatal: CancellationToken,
-    fatal_message: Mutex<Option<String>>,
+    fatal_message: Mutex<Option<ExecutorError>>,
     /// One permit per stream that ended, so a shutdown knows when every stream flushed.
     stream_ended: Notify,
 }
@@ -205,7 +216,7 @@ impl Executor {
     }
 
     /// Registers, retrying transient failures with the backoff; `Err` on a terminal answer.
-    async fn register(&self, backoff: &mut Backoff) -> Result<(), String> {
+    async fn register(&self, backoff: &mut Backoff) -> Result<(), ExecutorError> {
         let shutdown = self.server.shutdown.clone();
         let key = self.identity.public();
         loop {
@@ -221,7 +232,7 @@ impl Executor {
                     tracing::info!(
                         environment = %self.environment_id,
                         registration = %reg.executor_registration_id,
-                        url = %crate::registry::redact_url(&reg.url),
+                        url = %exec_server_relay_core::endpoint::redact_url(&reg.url),
                         "registered with the relay registry"
                     );
                     let mut state = self.lock();
@@ -244,7 +255,7 @@ impl Executor {
                         _ = tokio::time::sleep(delay) => {}
                     }
                 }
-                Err(e) => return Err(format!("relay registration failed: {e}")),
+                Err(e) => return Err(ExecutorError::Registration(e)),
             }
         }
     }
@@ -274,7 +285,7 @@ impl Executor {
     }
 
     /// The registration and connection loop of §7.6; returns at shutdown.
-    pub async fn run(self: &Arc<Self>) -> Result<(), String> {
+    pub async fn run(self: &Arc<Self>) -> Result<(), ExecutorError> {
         let shutdown = self.server.shutdown.clone();
         let mut backoff = Backoff::new(
             Duration::from_millis(self.config.reconnect_initial_backoff_ms),
@@ -317,7 +328,7 @@ impl Executor {
         Ok(())
     }
 
-    fn take_fatal(&self) -> Option<String> {
+    fn take_fatal(&self) -> Option<ExecutorError> {
         if !self.fatal.is_cancelled() {
             return None;
         }
@@ -630,14 +641,15 @@ impl Executor {
             drop(state);
             return self.reject_handshake(sid, ResetReason::ValidationLimit, false);
         }
-        let (min, max) = IkSuite.msg1_bounds();
+        let suite = self.identity.suite();
+        let (min, max) = suite.msg1_bounds();
         if msg1.len() < min || msg1.len() > max {
             drop(state);
             return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
         }
         let registration_id = state.registration_id.clone();
-        let p = prologue(&self.environment_id, &registration_id, sid);
-        let mut responder = match IkSuite.responder(&self.identity, &p) {
+        let p = suite.prologue(&self.environment_id, &registration_id, sid);
+        let mut responder = match suite.responder(&self.identity, &p) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!("cannot build the Noise responder: {e}");
@@ -660,11 +672,7 @@ impl Executor {
                 return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
             }
         };
-        let Some(harness_key) = responder
-            .get_remote_static()
-            .and_then(|k| <[u8; 32]>::try_from(k).ok())
-            .map(NoisePublicKey)
-        else {
+        let Some(harness_key) = responder.remote_static() else {
             drop(state);
             return self.reject_handshake(sid, ResetReason::HandshakeFailed, true);
         };
@@ -699,7 +707,7 @@ impl Executor {
         self: &Arc<Self>,
         sid: String,
         digest: [u8; 32],
-        mut responder: snow::HandshakeState,
+        mut responder: Box<dyn NoiseHandshake>,
         outcome: Result<bool, RegistryError>,
     ) {
         let mut state = self.lock();
@@ -712,6 +720,9 @@ impl Executor {
             state.retired.insert(sid.clone(), digest);
             reason
         };
+        // Registering again comes after the Reset is queued (§7.6): a terminal answer
+        // closes the socket, and the Reset must be on it first.
+        let mut register_again = false;
         let reason = match outcome {
             Ok(true) => None,
             Ok(false) => {
@@ -721,7 +732,7 @@ impl Executor {
             Err(e) => {
                 if e.is_auth_failure() {
                     tracing::error!("relay validate was refused ({e}); registering again");
-                    self.register_again();
+                    register_again = true;
                 } else {
                     tracing::warn!(
                         "relay validate failed: {}",
@@ -734,16 +745,17 @@ impl Executor {
         };
         if let Some(reason) = reason {
             drop(state);
-            return self.send_reset(&sid, reason);
+            self.send_reset(&sid, reason);
+            if register_again {
+                self.register_again();
+            }
+            return;
         }
-        let mut msg2 = vec![0u8; 64];
-        let transport = responder
-            .write_message(&[], &mut msg2)
-            .map_err(|e| e.to_string())
-            .and_then(|n| {
-                msg2.truncate(n);
-                responder.into_transport_mode().map_err(|e| e.to_string())
-            });
+        let mut msg2 = vec![0u8; self.identity.suite().msg2_len()];
+        let transport = responder.write_message(&[], &mut msg2).and_then(|n| {
+            msg2.truncate(n);
+            responder.into_transport()
+        });
         let transport = match transport {
             Ok(t) => t,
             Err(e) => {
@@ -781,7 +793,7 @@ impl Executor {
         self: Arc<Self>,
         sid: String,
         digest: [u8; 32],
-        transport: snow::TransportState,
+        transport: Box<dyn RecordCipher>,
         inbox: mpsc::Receiver<StreamEvent>,
     ) {
         let machine = ReliableStream::new(
@@ -839,13 +851,6 @@ impl Executor {
         {
             connection.abort();
         }
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::router::StartupError;
-use crate::server::{Listener, ListenerKind, ServerContext};
+use crate::server::{Listener, ListenerFailed, ListenerKind, ServerContext};
 
 inventory::submit! {
     ListenerKind { scheme: "stdio", open: open_stdio }
@@ -38,8 +38,9 @@ impl Listener for StdioListener {
         true
     }
 
-    async fn serve(self: Box<Self>, server: Arc<ServerContext>) {
+    async fn serve(self: Box<Self>, server: Arc<ServerContext>) -> Result<(), ListenerFailed> {
         serve_stdio(server, stdin_reader(), stdout_writer()).await;
+        Ok(())
     }
 }
 

@@ -19,7 +19,7 @@ use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::authenticate;
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::router::StartupError;
-use crate::server::{Listener, ListenerKind, ServerContext};
+use crate::server::{Listener, ListenerFailed, ListenerKind, ServerContext};
 
 inventory::submit! {
     ListenerKind { scheme: "ws", open: open_websocket }
@@ -77,13 +77,14 @@ impl Listener for WebsocketListener {
         Ok(Some(format!("ws://{local}")))
     }
 
-    async fn serve(self: Box<Self>, server: Arc<ServerContext>) {
+    async fn serve(self: Box<Self>, server: Arc<ServerContext>) -> Result<(), ListenerFailed> {
         let listener = self.listener.expect("bind runs before serve");
         let app = axum::Router::new()
             .fallback(route)
             .with_state(Arc::clone(&self.server));
         let limits = ListenerLimits::from(&server.core.listener);
         serve_http(listener, app, limits, "websocket", server.shutdown.clone()).await;
+        Ok(())
     }
 }
 

@@ -19,17 +19,18 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use exec_server_client::{
+    ClientOptions, ExecServerClient, ExecServerError, ProcessControl, ProcessEvent,
+};
 use exec_server_config::core::CONNECTION_TOKEN_ENV;
 use exec_server_config::{secret_env, CliOverrides, ConfigSource};
 use exec_server_proto::process::{
     EnvInherit, EnvPolicy, OutputStream, Signal, StartParams, TerminalSize, WriteStatus,
 };
 use exec_server_relay::config::RelayConfig;
-use exec_server_relay::harness::RelayConnectArgs;
+use exec_server_relay_core::harness::RelayConnectArgs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{signal, SignalKind};
-
-use crate::{ClientOptions, ExecServerClient, ExecServerError, ProcessControl, ProcessEvent};
 
 /// `run` failed before or while running the command.
 const EXIT_RUN_FAILED: u8 = 125;
@@ -209,7 +210,7 @@ fn relay_args(
 ) -> Result<RelayConnectArgs, String> {
     let source = ConfigSource::load(config, CliOverrides::default()).map_err(|e| e.to_string())?;
     let relay = RelayConfig::load(&source).map_err(|e| e.to_string())?;
-    let token = relay.bearer_token()?;
+    let token = relay.bearer_token().map_err(|e| e.to_string())?;
     let mut args = RelayConnectArgs::new(remote, environment_id, token);
     args.request_timeout = Duration::from_millis(relay.request_timeout_ms);
     args.connect_timeout = Duration::from_millis(relay.connect_timeout_ms);

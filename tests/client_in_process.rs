@@ -2,21 +2,24 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use exec_server_core::InProcessConnection;
-use exec_server_proto::process::OutputStream;
+use exec_server_client::proto::bytes::encode_base64;
+use exec_server_client::proto::error::code;
+use exec_server_client::proto::fs::CreateDirectoryParams;
+use exec_server_client::proto::process::{
+    OutputStream, SandboxType, StartParams, WriteParams, WriteStatus,
+};
+use exec_server_client::{
+    ClientOptions, Connection, ExecServerClient, ExecServerError, ProcessEvent, ProcessHandle,
+    Transport,
+};
+use exec_server_config::{ConfigSource, CoreConfig};
+use exec_server_core::{InProcessConnection, ServerContext};
 use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, Notify};
-
-// Linked so that their plugins register with the in-process server.
-use exec_server_environment as _;
-use exec_server_fs as _;
-use exec_server_process as _;
-
-use super::*;
-use crate::transport::Connection;
-use crate::ProcessEvent;
+use tokio_util::sync::CancellationToken;
 
 /// Every step of these tests finishes in far less; this only turns a hang into a failure.
 const STEP: Duration = Duration::from_secs(30);
@@ -232,10 +235,10 @@ async fn writes_are_numbered_per_process() {
         ))
         .await
         .unwrap();
-    assert_eq!(process.control().write_ids.load(Ordering::SeqCst), 0);
+    assert_eq!(process.control().last_write_id(), 0);
     process.write(b"x\n").await.unwrap();
     process.write(b"y\n").await.unwrap();
-    assert_eq!(process.control().write_ids.load(Ordering::SeqCst), 2);
+    assert_eq!(process.control().last_write_id(), 2);
     // A repeat of writeId "2" is recognised by the server and not written again.
     let repeat = client
         .process_write(WriteParams {

@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::RendezvousConfig;
-use crate::rendezvous::capacity::TenantId;
-use crate::rendezvous::refusal::Refusal;
+use crate::refusal::Refusal;
+use crate::store::TenantId;
 
 /// Peer buckets kept while they refill; a flood from more addresses than this shares one.
 pub const MAX_TRACKED_PEERS: usize = 65_536;
@@ -228,8 +228,8 @@ impl RateLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::Capacity;
     use crate::config::{TokenConfig, TokenRole};
-    use crate::rendezvous::capacity::Capacity;
 
     fn limits(edit: impl FnOnce(&mut RendezvousConfig)) -> (RateLimits, Capacity) {
         let tokens = ["a", "b"]

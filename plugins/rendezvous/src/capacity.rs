@@ -1,4 +1,4 @@
-//! Capacity accounting of the rendezvous (RELAY §8.9): the environments the service and
+//! Capacity accounting of the memory store (RELAY §8.9): the environments the service and
 //! each tenant hold, and the harness sockets open to each environment and to each tenant's
 //! environments. It is the only place that counts them.
 //!
@@ -12,19 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::config::{RendezvousConfig, TokenConfig};
-use crate::rendezvous::refusal::Refusal;
-
-/// A tenant: every configured token that carries the same `name` (§8.3). Tokens that share
-/// a name (an old and a new token during a rotation) share the tenant's quotas.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TenantId(usize);
-
-impl TenantId {
-    /// Position among the tenants, `0..Capacity::tenant_count()`.
-    pub fn index(self) -> usize {
-        self.0
-    }
-}
+use crate::refusal::Refusal;
+use crate::store::TenantId;
 
 /// A counter with a maximum.
 #[derive(Debug)]
@@ -93,6 +82,8 @@ pub struct HarnessSlot {
     _tenant: Lease,
 }
 
+/// A tenant: every configured token that carries the same `name` (§8.3). Tokens that share
+/// a name (an old and a new token during a rotation) share the tenant's quotas.
 struct Tenant {
     name: String,
     environments: Arc<Gauge>,
@@ -232,7 +223,8 @@ impl Capacity {
         Gauge::new(
             self.harness_sockets_per_environment,
             Refusal::EnvironmentHarnessSockets {
-                environment: crate::proto::truncate_for_log(environment).to_owned(),
+                environment: exec_server_relay_core::proto::truncate_for_log(environment)
+                    .to_owned(),
                 max: self.harness_sockets_per_environment,
             },
         )

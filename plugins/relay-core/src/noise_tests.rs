@@ -32,7 +32,7 @@ fn key_json_round_trip() {
     let value = json!({"suite": SUITE_V1, "x25519_public_key": ALICE});
     let key = NoisePublicKey::from_json(&value).unwrap();
     assert_eq!(
-        hex(&key.0),
+        hex(key.as_bytes()),
         "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"
     );
     assert_eq!(
@@ -122,13 +122,13 @@ fn handshake_round_trip_sizes() {
     let mut payload = vec![0u8; 65_535];
     let p1 = resp.read_message(&buf[..n1], &mut payload).unwrap();
     assert_eq!(&payload[..p1], authz);
-    assert_eq!(resp.get_remote_static().unwrap(), harness.public().0);
+    assert_eq!(resp.remote_static().unwrap(), harness.public());
     let n2 = resp.write_message(&[], &mut buf).unwrap();
     assert_eq!(n2, MSG2_LEN);
     let p2 = init.read_message(&buf[..n2], &mut payload).unwrap();
     assert_eq!(p2, 0);
-    assert_eq!(init.get_remote_static().unwrap(), executor.public().0);
-    assert!(init.is_handshake_finished() && resp.is_handshake_finished());
+    assert_eq!(init.remote_static().unwrap(), executor.public());
+    assert!(init.is_finished() && resp.is_finished());
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! One physical connection of an endpoint (RELAY §5.11, §6.1): a WebSocket client to the
-//! rendezvous with the relay's size limits and `TCP_NODELAY`, a writer task that sends
+//! rendezvous (`ws`, or `wss` with the relay's TLS configuration) with the relay's size
+//! limits and `TCP_NODELAY`, a writer task that sends
 //! frames and Pings, and the Pong deadline that declares the connection dead.
 
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::proto::{Body, RelayMessageFrame, MAX_WS_MESSAGE_BYTES};
@@ -41,30 +42,28 @@ impl Default for LinkTiming {
 }
 
 /// Why opening a rendezvous socket failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OpenError {
     /// The upgrade was answered with this HTTP status.
+    #[error("the rendezvous refused the upgrade with HTTP {0}")]
     Status(u16),
+    #[error("the rendezvous upgrade timed out")]
     Timeout,
+    #[error("cannot reach the rendezvous: {0}")]
     Other(String),
 }
 
-impl std::fmt::Display for OpenError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Status(s) => write!(f, "the rendezvous refused the upgrade with HTTP {s}"),
-            Self::Timeout => f.write_str("the rendezvous upgrade timed out"),
-            Self::Other(e) => write!(f, "cannot reach the rendezvous: {e}"),
-        }
-    }
-}
-
-/// Opens a rendezvous WebSocket (binary only, 256 KiB limit, no compression, no Nagle).
+/// Opens a rendezvous WebSocket (binary only, 256 KiB limit, no compression, no Nagle),
+/// over TLS with the system's roots for `wss` URLs.
 pub async fn open(url: &str, timeout: Duration) -> Result<ClientWs, OpenError> {
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_WS_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_WS_MESSAGE_BYTES));
-    let connect = tokio_tungstenite::connect_async_with_config(url, Some(config), true);
+    let tls = url
+        .get(..6)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("wss://"))
+        .then(|| Connector::Rustls(crate::tls::client_config()));
+    let connect = tokio_tungstenite::connect_async_tls_with_config(url, Some(config), true, tls);
     match tokio::time::timeout(timeout, connect).await {
         Err(_) => Err(OpenError::Timeout),
         Ok(Ok((ws, _))) => Ok(ws),

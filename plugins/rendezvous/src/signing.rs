@@ -6,10 +6,19 @@ use base64::Engine as _;
 use ring::{digest, hmac};
 use serde::{Deserialize, Serialize};
 
-use crate::noise::NoisePublicKey;
+use exec_server_relay_core::noise::NoisePublicKey;
 
 /// At least this many bytes of signing key.
 pub const MIN_SIGNING_KEY: usize = 32;
+
+/// A signing key the service refuses (§8.4).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SigningKeyError {
+    #[error("the rendezvous signing key must be at least {MIN_SIGNING_KEY} bytes, got {0}")]
+    TooShort(usize),
+    #[error("EXEC_SERVER_RENDEZVOUS_SIGNING_KEY is not valid base64")]
+    Base64,
+}
 
 /// The service's signing key.
 pub struct SigningKey(hmac::Key);
@@ -21,21 +30,18 @@ impl std::fmt::Debug for SigningKey {
 }
 
 impl SigningKey {
-    pub fn new(bytes: &[u8]) -> Result<Self, String> {
+    pub fn new(bytes: &[u8]) -> Result<Self, SigningKeyError> {
         if bytes.len() < MIN_SIGNING_KEY {
-            return Err(format!(
-                "the rendezvous signing key must be at least {MIN_SIGNING_KEY} bytes, got {}",
-                bytes.len()
-            ));
+            return Err(SigningKeyError::TooShort(bytes.len()));
         }
         Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, bytes)))
     }
 
     /// Standard base64 of the key, as in `EXEC_SERVER_RENDEZVOUS_SIGNING_KEY`.
-    pub fn from_base64(text: &str) -> Result<Self, String> {
+    pub fn from_base64(text: &str) -> Result<Self, SigningKeyError> {
         let bytes = STANDARD
             .decode(text.trim())
-            .map_err(|_| "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY is not valid base64".to_owned())?;
+            .map_err(|_| SigningKeyError::Base64)?;
         Self::new(&bytes)
     }
 
@@ -108,14 +114,14 @@ fn canonical(role: &str, environment_id: &str, reg: &str, kh: &str, exp: u64) ->
 
 /// `K` of §8.4: base64url_nopad(SHA-256(harness public key)).
 pub fn key_hash(key: &NoisePublicKey) -> String {
-    URL_SAFE_NO_PAD.encode(digest::digest(&digest::SHA256, &key.0).as_ref())
+    URL_SAFE_NO_PAD.encode(digest::digest(&digest::SHA256, key.as_bytes()).as_ref())
 }
 
 /// Registration id of §8.2.
 pub fn registration_id(environment_id: &str, key: &NoisePublicKey) -> String {
     let mut input = environment_id.as_bytes().to_vec();
     input.push(0);
-    input.extend_from_slice(&key.0);
+    input.extend_from_slice(key.as_bytes());
     let d = digest::digest(&digest::SHA256, &input);
     let hex: String = d.as_ref()[..16]
         .iter()
@@ -130,11 +136,6 @@ pub fn token_digest(token: &str) -> [u8; 32] {
         .as_ref()
         .try_into()
         .expect("32 bytes")
-}
-
-/// Constant-time equality of two byte strings of the same length.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The claims of §8.5, serialized in this member order.
@@ -157,7 +158,7 @@ mod tests {
 
     fn alice() -> NoisePublicKey {
         NoisePublicKey::from_json(&serde_json::json!({
-            "suite": crate::noise::SUITE_V1,
+            "suite": exec_server_relay_core::noise::SUITE_V1,
             "x25519_public_key": "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=",
         }))
         .unwrap()

@@ -1,17 +1,17 @@
-//! The registry HTTP API as a client (RELAY §7): environment id rules and path encoding,
-//! base URLs, the `register`, `connect` and `validate` calls over plain HTTP/1.1 (hyper),
-//! response checks, error bodies and the retry classification of §7.6.
+//! The registry HTTP API as a client (RELAY §7): the `register`, `connect` and `validate`
+//! calls over HTTP/1.1 (reqwest, with TLS for `https` registries), response checks, error
+//! bodies and the retry classification of §7.6.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::header;
-use serde::{Deserialize, Serialize};
+use bytes::{Bytes, BytesMut};
+use reqwest::header;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::noise::{NoisePublicKey, MAX_AUTHORIZATION_BYTES, SECURITY_PROFILE_V1};
+use crate::endpoint::check_ws_url;
+pub use crate::endpoint::{check_environment_id, redact_url, BaseUrl};
+use crate::noise::{suite_by_profile, NoisePublicKey, MAX_AUTHORIZATION_BYTES};
 
 /// Largest error body shown (then ` [truncated]`).
 const MAX_SHOWN_ERROR_BODY: usize = 4_096;
@@ -21,204 +21,6 @@ const MAX_RESPONSE_BODY: usize = 1024 * 1024;
 /// A secret string whose `Debug` never shows it (the configuration's own type, so a token
 /// read at start-up is handed on as is).
 pub use exec_server_config::SecretString;
-
-/// `environment_id` rules of §7.2, checked before any request.
-pub fn check_environment_id(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > 256 {
-        return Err("must be 1 to 256 bytes".into());
-    }
-    if id == "." || id == ".." {
-        return Err("must not be `.` or `..`".into());
-    }
-    if id.chars().any(|c| (c as u32) < 0x20 || c as u32 == 0x7f) {
-        return Err("must not contain control characters".into());
-    }
-    Ok(())
-}
-
-/// Percent-encodes one path segment (§7.2): everything outside `A–Z a–z 0–9 - . _ ~`.
-pub fn encode_segment(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// Decodes `%XX` escapes of a path segment; `None` when malformed or not UTF-8.
-pub fn decode_segment(segment: &str) -> Option<String> {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = segment.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-fn is_loopback_host(host: &str) -> bool {
-    if host.eq_ignore_ascii_case("localhost") {
-        return true;
-    }
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// A parsed `http(s)://` or `ws(s)://` URL: scheme, host, port, path and query.
-#[derive(Clone, PartialEq, Eq)]
-pub struct BaseUrl {
-    pub scheme: String,
-    /// As written, IPv6 in brackets.
-    pub host: String,
-    pub port: u16,
-    /// Without trailing `/` for base URLs; may be empty.
-    pub path: String,
-    pub query: Option<String>,
-}
-
-impl std::fmt::Debug for BaseUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.redacted())
-    }
-}
-
-impl BaseUrl {
-    /// Parses any absolute URL of the four schemes (no userinfo, no fragment).
-    pub fn parse_any(url: &str) -> Result<Self, String> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| format!("`{}` is not an absolute URL", redact_url(url)))?;
-        let scheme = scheme.to_ascii_lowercase();
-        let default_port = match scheme.as_str() {
-            "http" | "ws" => 80,
-            "https" | "wss" => 443,
-            _ => return Err(format!("unsupported URL scheme `{scheme}`")),
-        };
-        if rest.contains('#') {
-            return Err("a URL must not contain a fragment".into());
-        }
-        let (before_query, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q.to_owned())),
-            None => (rest, None),
-        };
-        let (authority, path) = match before_query.find('/') {
-            Some(i) => (&before_query[..i], &before_query[i..]),
-            None => (before_query, ""),
-        };
-        if authority.is_empty() || authority.contains('@') {
-            return Err("a URL needs a host and no user information".into());
-        }
-        let (host, port) = if let Some(end) = authority.strip_prefix('[').and_then(|a| a.find(']'))
-        {
-            let host = &authority[..end + 2];
-            let rest = &authority[end + 2..];
-            let port = match rest.strip_prefix(':') {
-                Some(p) => p.parse().map_err(|_| "invalid port".to_owned())?,
-                None if rest.is_empty() => default_port,
-                None => return Err("invalid host".into()),
-            };
-            (host.to_owned(), port)
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (
-                    h.to_owned(),
-                    p.parse().map_err(|_| "invalid port".to_owned())?,
-                ),
-                None => (authority.to_owned(), default_port),
-            }
-        };
-        if host.is_empty() {
-            return Err("a URL needs a host".into());
-        }
-        Ok(Self {
-            scheme,
-            host,
-            port,
-            path: path.to_owned(),
-            query,
-        })
-    }
-
-    /// A registry base URL (§7.1): `http`/`https`, no query, trailing `/` removed, and
-    /// `http` only to loopback hosts unless `allow_insecure`.
-    pub fn parse(url: &str, allow_insecure: bool) -> Result<Self, String> {
-        let mut base = Self::parse_any(url)?;
-        if base.scheme != "http" && base.scheme != "https" {
-            return Err("must be an http:// or https:// URL".into());
-        }
-        if base.query.is_some() {
-            return Err("must not contain a query".into());
-        }
-        if base.scheme == "http" && !allow_insecure && !is_loopback_host(&base.host) {
-            return Err(
-                "must use https unless the host is a loopback address (or relay.allow_insecure = true)"
-                    .into(),
-            );
-        }
-        if base.scheme == "https" {
-            return Err(
-                "https registries need TLS, which this build does not include; terminate TLS in a local proxy or use http on loopback"
-                    .into(),
-            );
-        }
-        base.path = base.path.trim_end_matches('/').to_owned();
-        Ok(base)
-    }
-
-    /// True when plain `ws://`/`http://` may be used with this host.
-    pub fn insecure_allowed(&self, allow_insecure: bool) -> bool {
-        allow_insecure || is_loopback_host(&self.host)
-    }
-
-    /// The URL without its query string, for logs.
-    pub fn redacted(&self) -> String {
-        format!("{}://{}:{}{}", self.scheme, self.host, self.port, self.path)
-    }
-
-    pub fn full(&self) -> String {
-        let mut s = format!("{}://{}:{}{}", self.scheme, self.host, self.port, self.path);
-        if let Some(q) = &self.query {
-            s.push('?');
-            s.push_str(q);
-        }
-        s
-    }
-
-    fn endpoint_path(&self, environment_id: &str, call: &str) -> String {
-        format!(
-            "{}/cloud/environment/{}/{call}",
-            self.path,
-            encode_segment(environment_id)
-        )
-    }
-
-    /// The endpoint URL of `call` for an environment (§7.1).
-    pub fn endpoint(&self, environment_id: &str, call: &str) -> String {
-        format!(
-            "{}://{}:{}{}",
-            self.scheme,
-            self.host,
-            self.port,
-            self.endpoint_path(environment_id, call)
-        )
-    }
-}
-
-/// Strips the query of a URL for logs and errors.
-pub fn redact_url(url: &str) -> &str {
-    url.split('?').next().unwrap_or(url)
-}
 
 /// A registry call that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -283,6 +85,9 @@ pub struct RegistryClient {
     token: SecretString,
     timeout: Duration,
     allow_insecure: bool,
+    /// Built once with the TLS configuration; each call opens a fresh connection (no idle
+    /// pool). Holds why it could not be built, reported by every call.
+    http: Result<reqwest::Client, String>,
 }
 
 impl std::fmt::Debug for RegistryClient {
@@ -336,19 +141,6 @@ impl std::fmt::Debug for ConnectBundle {
     }
 }
 
-/// Checks a handed-out WebSocket URL: `wss`, or `ws` under the loopback/insecure rule.
-fn check_ws_url(url: &str, allow_insecure: bool) -> Result<(), String> {
-    let parsed = BaseUrl::parse_any(url)
-        .map_err(|e| format!("relay registry returned an invalid url: {e}"))?;
-    match parsed.scheme.as_str() {
-        "wss" => Ok(()),
-        "ws" if parsed.insecure_allowed(allow_insecure) => Ok(()),
-        other => Err(format!(
-            "relay registry returned a url with scheme `{other}`; expected wss"
-        )),
-    }
-}
-
 fn check_common(
     requested: &str,
     environment_id: &str,
@@ -362,7 +154,7 @@ fn check_common(
             "relay registry returned a different environment id".into(),
         ));
     }
-    if profile != SECURITY_PROFILE_V1 {
+    if suite_by_profile(profile).is_none() {
         return Err(RegistryError::BadResponse(format!(
             "relay registry returned the unsupported security profile `{}`",
             crate::proto::truncate_for_log(profile)
@@ -384,11 +176,27 @@ impl RegistryClient {
         timeout: Duration,
         allow_insecure: bool,
     ) -> Self {
+        let tls = if base.is_tls() {
+            crate::tls::client_config()
+        } else {
+            crate::tls::untrusting_config()
+        };
+        // Redirects are errors (§7.6) and no proxy from the environment is used: the
+        // registry is reached the way its URL says.
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls((*tls).clone())
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(0)
+            .user_agent(concat!("exec-server/", env!("CARGO_PKG_VERSION")))
+            .build();
         Self {
             base,
             token,
             timeout,
             allow_insecure,
+            http: http.map_err(|e| format!("cannot build the HTTP client: {e}")),
         }
     }
 
@@ -404,7 +212,7 @@ impl RegistryClient {
         name: Option<&str>,
     ) -> Result<Registration, RegistryError> {
         let mut body = json!({
-            "security_profile": SECURITY_PROFILE_V1,
+            "security_profile": key.suite().security_profile(),
             "executor_public_key": key.to_json(),
         });
         if let Some(name) = name {
@@ -463,9 +271,13 @@ impl RegistryClient {
         show_error_body: bool,
     ) -> Result<Value, RegistryError> {
         check_environment_id(environment_id).map_err(RegistryError::InvalidEnvironmentId)?;
-        let path = self.base.endpoint_path(environment_id, call);
+        let url = self.base.endpoint(environment_id, call);
         let body = serde_json::to_vec(body).expect("JSON serializes");
-        let exchange = post_json(&self.base, &path, self.token.expose(), body);
+        let http = self
+            .http
+            .as_ref()
+            .map_err(|e| RegistryError::Transport(e.clone()))?;
+        let exchange = post_json(http, url, self.token.expose(), body);
         let (status, retry_after, bytes) = tokio::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| RegistryError::Timeout)??;
@@ -558,109 +370,62 @@ fn error_body(bytes: &[u8], show: bool) -> (Option<String>, String) {
     (code, message)
 }
 
-/// One POST with a JSON body over a fresh HTTP/1.1 connection.
+/// One POST with a JSON body; the status, `Retry-After` and at most
+/// [`MAX_RESPONSE_BODY`] bytes of the answer.
 async fn post_json(
-    base: &BaseUrl,
-    path: &str,
+    http: &reqwest::Client,
+    url: url::Url,
     token: &str,
     body: Vec<u8>,
 ) -> Result<(u16, Option<u64>, Bytes), RegistryError> {
-    let host = base.host.trim_start_matches('[').trim_end_matches(']');
-    let stream = tokio::net::TcpStream::connect((host, base.port))
-        .await
-        .map_err(|e| RegistryError::Transport(e.to_string()))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| RegistryError::Transport(e.to_string()))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let request = hyper::Request::post(path)
-        .header(header::HOST, format!("{}:{}", base.host, base.port))
+    let mut response = http
+        .post(url)
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::ACCEPT, "application/json")
-        .header(
-            header::USER_AGENT,
-            concat!("exec-server/", env!("CARGO_PKG_VERSION")),
-        )
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| RegistryError::Transport(e.to_string()))?;
-    let response = sender
-        .send_request(request)
+        .body(body)
+        .send()
         .await
-        .map_err(|e| RegistryError::Transport(e.to_string()))?;
+        .map_err(transport_error)?;
     let status = response.status().as_u16();
     let retry_after = response
         .headers()
         .get(header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok());
-    let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
-        .collect()
-        .await
-        .map_err(|e| RegistryError::Transport(e.to_string()))?
-        .to_bytes();
-    Ok((status, retry_after, bytes))
+    let too_large = || RegistryError::Transport("the response body is too large".into());
+    if response
+        .content_length()
+        .is_some_and(|len| len > MAX_RESPONSE_BODY as u64)
+    {
+        return Err(too_large());
+    }
+    let mut bytes = BytesMut::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
+        if bytes.len() + chunk.len() > MAX_RESPONSE_BODY {
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok((status, retry_after, bytes.freeze()))
 }
 
-/// The body of a registry error answer (§7.6).
-pub fn error_json(code: &str, message: &str) -> Value {
-    json!({"error": {"code": code, "message": message}})
-}
-
-/// Serializable helpers shared with the service.
-#[derive(Debug, Serialize)]
-pub struct ValidAnswer {
-    pub valid: bool,
+/// A transport failure with its causes (reqwest's own text names only the step).
+fn transport_error(error: reqwest::Error) -> RegistryError {
+    let error = error.without_url();
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    RegistryError::Transport(text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn path_encoding_vectors() {
-        assert_eq!(encode_segment("env-1"), "env-1");
-        assert_eq!(encode_segment("team/name?# %"), "team%2Fname%3F%23%20%25");
-        assert_eq!(encode_segment("ümlaut"), "%C3%BCmlaut");
-        assert_eq!(encode_segment("a.b"), "a.b");
-        assert_eq!(encode_segment("A~z_9"), "A~z_9");
-        for bad in [".", "..", "", "a\nb"] {
-            assert!(check_environment_id(bad).is_err(), "{bad:?}");
-        }
-        assert!(check_environment_id(&"x".repeat(257)).is_err());
-        assert_eq!(
-            decode_segment("team%2Fname%3F%23%20%25").unwrap(),
-            "team/name?# %"
-        );
-        let base = BaseUrl::parse_any("https://relay.example.com/registry/").unwrap();
-        let mut base = base;
-        base.path = base.path.trim_end_matches('/').to_owned();
-        assert_eq!(
-            base.endpoint("team/name", "register"),
-            "https://relay.example.com:443/registry/cloud/environment/team%2Fname/register"
-        );
-    }
-
-    #[test]
-    fn base_url_rules() {
-        assert!(BaseUrl::parse("http://127.0.0.1:8080", false).is_ok());
-        assert!(BaseUrl::parse("http://localhost:8080/x/", false).is_ok());
-        assert!(BaseUrl::parse("http://[::1]:8080", false).is_ok());
-        assert!(BaseUrl::parse("http://example.com", false).is_err());
-        assert!(BaseUrl::parse("http://example.com", true).is_ok());
-        assert!(BaseUrl::parse("http://127.0.0.1:1/?q=1", false).is_err());
-        assert!(BaseUrl::parse("ftp://127.0.0.1", false).is_err());
-        assert_eq!(
-            BaseUrl::parse("http://127.0.0.1:9/a//", false)
-                .unwrap()
-                .path,
-            "/a"
-        );
-    }
 
     #[test]
     fn bundle_checks() {

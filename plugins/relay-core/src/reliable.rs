@@ -1,6 +1,6 @@
 //! One stream's records and reliability as a sans-IO state machine (RELAY §4, §5).
 //!
-//! [`ReliableStream`] owns the stream's Noise transport state and everything that happens
+//! [`ReliableStream`] owns the stream's record cipher (the Noise transport phase) and everything that happens
 //! after the handshake: the outbound byte stream cut into records, sequence numbers, the
 //! send window, retransmission with an RFC 6298 timer, the receiver's reorder buffer,
 //! duplicate suppression, reassembly of length-prefixed messages, the bounded inbound
@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::time::Instant;
 
+use crate::noise::RecordCipher;
 use crate::proto::{
     self, Body, RelayMessageFrame, ResetReason, MAX_NOISE_MESSAGE, MAX_RECORD_PLAINTEXT,
 };
@@ -175,7 +176,7 @@ pub struct StreamStats {
 pub struct ReliableStream {
     stream_id: String,
     role: Role,
-    cipher: snow::TransportState,
+    cipher: Box<dyn RecordCipher>,
     limits: StreamLimits,
     timing: Timing,
     connected: bool,
@@ -233,7 +234,7 @@ impl ReliableStream {
     pub fn new(
         stream_id: String,
         role: Role,
-        cipher: snow::TransportState,
+        cipher: Box<dyn RecordCipher>,
         limits: StreamLimits,
         timing: Timing,
         now: Instant,
@@ -359,7 +360,7 @@ impl ReliableStream {
             debug_assert_eq!(self.cipher.sending_nonce(), u64::from(seq) - 1);
             let len = self
                 .cipher
-                .write_message(&plain, &mut self.scratch)
+                .encrypt(&plain, &mut self.scratch)
                 .map_err(|_| ResetReason::RecordError)?;
             let ciphertext = Bytes::copy_from_slice(&self.scratch[..len]);
             self.unacked_bytes += ciphertext.len();
@@ -502,7 +503,7 @@ impl ReliableStream {
             debug_assert_eq!(self.cipher.receiving_nonce(), u64::from(self.delivered));
             let len = self
                 .cipher
-                .read_message(&ciphertext, &mut self.scratch)
+                .decrypt(&ciphertext, &mut self.scratch)
                 .map_err(|_| ResetReason::DecryptFailed)?;
             self.delivered += 1;
             progressed = true;

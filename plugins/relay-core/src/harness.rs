@@ -14,12 +14,11 @@ use tokio_util::sync::CancellationToken;
 use crate::driver::{
     drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
 };
+use crate::endpoint::{redact_url, BaseUrl};
 use crate::link::{self, Incoming, LinkTiming};
-use crate::noise::{
-    prologue, IkSuite, NoiseIdentity, NoisePublicKey, NoiseSuite, MAX_AUTHORIZATION_BYTES, MSG2_LEN,
-};
+use crate::noise::{NoiseIdentity, NoisePublicKey, MAX_AUTHORIZATION_BYTES};
 use crate::proto::{self, Body, ResetReason};
-use crate::registry::{BaseUrl, ConnectBundle, RegistryClient, RegistryError, SecretString};
+use crate::registry::{ConnectBundle, RegistryClient, RegistryError, SecretString};
 use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
 
 /// A harness-side failure.
@@ -76,10 +75,7 @@ pub struct RelayConnectArgs {
 impl std::fmt::Debug for RelayConnectArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayConnectArgs")
-            .field(
-                "registry_url",
-                &crate::registry::redact_url(&self.registry_url),
-            )
+            .field("registry_url", &redact_url(&self.registry_url))
             .field("environment_id", &self.environment_id)
             .field("bearer_token", &self.bearer_token)
             .finish_non_exhaustive()
@@ -174,8 +170,8 @@ fn base_client(args: &RelayConnectArgs) -> Result<Arc<dyn RelayBundleProvider>, 
     if let Some(provider) = &args.bundle_provider {
         return Ok(Arc::clone(provider));
     }
-    let base =
-        BaseUrl::parse(&args.registry_url, args.allow_insecure).map_err(RelayError::Config)?;
+    let base = BaseUrl::parse(&args.registry_url, args.allow_insecure)
+        .map_err(|e| RelayError::Config(e.to_string()))?;
     Ok(Arc::new(HttpBundles(RegistryClient::new(
         base,
         args.bearer_token.clone(),
@@ -211,12 +207,20 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         .map_err(|e| RelayError::Open(e.to_string()))?;
     let (handle, mut reader) = link::start(ws, args.link_timing);
 
-    let p = prologue(
+    let suite = identity.suite();
+    if bundle.security_profile != suite.security_profile() {
+        return Err(RelayError::Config(format!(
+            "the registry selected the security profile `{}`; this harness's key is for `{}`",
+            crate::proto::truncate_for_log(&bundle.security_profile),
+            suite.security_profile()
+        )));
+    }
+    let p = suite.prologue(
         &bundle.environment_id,
         &bundle.executor_registration_id,
         &stream_id,
     );
-    let mut initiator = IkSuite
+    let mut initiator = suite
         .initiator(&identity, &bundle.executor_public_key, &p)
         .map_err(|e| RelayError::Config(e.to_string()))?;
     let mut buf = vec![0u8; proto::MAX_NOISE_MESSAGE];
@@ -291,9 +295,10 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         }
     };
     let mut payload = vec![0u8; proto::MAX_NOISE_MESSAGE];
-    let ok = msg2.len() == MSG2_LEN && matches!(initiator.read_message(&msg2, &mut payload), Ok(0));
+    let ok = msg2.len() == suite.msg2_len()
+        && matches!(initiator.read_message(&msg2, &mut payload), Ok(0));
     let transport = if ok {
-        initiator.into_transport_mode().ok()
+        initiator.into_transport().ok()
     } else {
         None
     };

@@ -240,7 +240,8 @@ pub async fn drive_stream(
     end
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
+/// Sleeps until `deadline`, or forever without one (a `select!` arm that never fires).
+pub async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

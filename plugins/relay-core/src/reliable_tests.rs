@@ -1,12 +1,12 @@
 use super::*;
-use crate::noise::{prologue, IkSuite, NoiseIdentity, NoiseSuite};
+use crate::noise::{prologue, IkSuite, NoiseIdentity, NoiseSuite, RecordCipher};
 use crate::proto::{Body, RelayData};
 use std::time::Duration;
 
 const MS: Duration = Duration::from_millis(1);
 
-/// Two transport states from a real IK handshake: (harness, executor).
-fn transport_pair() -> (snow::TransportState, snow::TransportState) {
+/// Two record ciphers from a real IK handshake: (harness, executor).
+fn transport_pair() -> (Box<dyn RecordCipher>, Box<dyn RecordCipher>) {
     let executor = NoiseIdentity::generate();
     let harness = NoiseIdentity::generate();
     let p = prologue("env", "reg", "s");
@@ -19,8 +19,8 @@ fn transport_pair() -> (snow::TransportState, snow::TransportState) {
     let n = resp.write_message(&[], &mut buf).unwrap();
     init.read_message(&buf[..n], &mut out).unwrap();
     (
-        init.into_transport_mode().unwrap(),
-        resp.into_transport_mode().unwrap(),
+        init.into_transport().unwrap(),
+        resp.into_transport().unwrap(),
     )
 }
 

@@ -1,25 +1,10 @@
-//! `exec-server rendezvous` (RELAY §8): one axum service that is both the registry
-//! (`register`, `connect`, `validate`) and the WebSocket router that moves frames between
-//! an environment's executor socket and its harness sockets by `stream_id`, without ever
-//! decrypting them.
-//!
-//! * [`signing`] — signed URLs, authorisations, registration ids.
-//! * `state` — registrations, routes and the routing rules of §8.6–§8.7.
-//! * `capacity` — the environments and harness sockets the service and each tenant hold.
-//! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
-//! * `refusal` — every limit as a refusal: status, error code, and a message naming the
-//!   configuration key to raise.
+//! The service: its start-up (listener, signing key, tokens), the registry endpoints
+//! (RELAY §7) and the WebSocket upgrade checks (§8.4) in front of the router.
 
 // Handlers return early with a ready `Response`; boxing it buys nothing here.
 #![allow(clippy::result_large_err)]
 
-mod capacity;
-mod rate_limit;
-mod refusal;
-pub mod signing;
-mod state;
-
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,17 +20,22 @@ use exec_server_core::transport::http_server::{serve_http, ListenerLimits};
 use exec_server_core::StartupError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use url::{Host, Url};
+
+use exec_server_relay_core::endpoint::{
+    check_environment_id, decode_segment, encode_segment, BaseUrl, UrlError,
+};
+use exec_server_relay_core::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
+use exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
 
 use crate::config::{RendezvousConfig, TokenRole};
-use crate::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
-use crate::proto::MAX_WS_MESSAGE_BYTES;
-use crate::registry::{check_environment_id, encode_segment, error_json};
-use capacity::{Capacity, TenantId};
-use rate_limit::{Limited, RateLimits};
-use refusal::Refusal;
-use signing::{key_hash, token_digest, AuthorizationClaims, SigningKey};
-pub use state::RouterTiming;
-use state::{Hub, SocketRole, UpgradeRefusal};
+use crate::hub::Hub;
+use crate::memory::MemoryStore;
+use crate::rate_limit::{Limited, RateLimits};
+use crate::refusal::Refusal;
+use crate::router::{Router, RouterTiming, SocketRole};
+use crate::signing::{key_hash, token_digest, AuthorizationClaims, SigningKey, SigningKeyError};
+use crate::store::{Connectable, Epoch, HarnessLease, RegisterRefusal, TokenGrant, UpgradeRefusal};
 
 /// Environment variable holding the base64 signing key (§8.4).
 pub const SIGNING_KEY_ENV: &str = secret_env::RENDEZVOUS_SIGNING_KEY_ENV;
@@ -58,19 +48,10 @@ pub struct RendezvousArgs {
     pub listener: ListenerLimits,
 }
 
-struct TokenEntry {
-    name: String,
-    tenant: TenantId,
-    digest: [u8; 32],
-    role: TokenRole,
-    environments: Vec<String>,
-}
-
 /// Everything the handlers share.
 pub struct Service {
     config: RendezvousConfig,
     key: SigningKey,
-    tokens: Vec<TokenEntry>,
     /// The public base URL with `http` replaced by `ws` (§8.4).
     ws_base: String,
     hub: Arc<Hub>,
@@ -100,36 +81,86 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
-    if listen.starts_with("https://") {
-        return Err(
-            "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
-                .into(),
-        );
-    }
-    let rest = listen
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("rendezvous.listen must be http://IP:PORT, got `{listen}`"))?;
-    rest.trim_end_matches('/')
-        .parse()
-        .map_err(|_| format!("rendezvous.listen must be http://IP:PORT, got `{listen}`"))
+/// Why the service could not start (exit status 2, like every start-up error).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("rendezvous.listen must be http://IP:PORT, got `{0}`")]
+    Listen(String),
+    #[error(
+        "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
+    )]
+    ListenTls,
+    #[error(
+        "refusing plain HTTP on the non-loopback address {0} without rendezvous.public_url (a TLS proxy in front) or rendezvous.allow_insecure = true"
+    )]
+    Insecure(SocketAddr),
+    #[error("rendezvous.public_url {problem}, got `{url}`")]
+    PublicUrl { url: String, problem: UrlError },
+    #[error("invalid config: rendezvous.signing_key_file {0}")]
+    SigningKeyFile(String),
+    #[error(transparent)]
+    SigningKey(#[from] SigningKeyError),
+    #[error("{0}")]
+    Tokens(String),
+    #[error("failed to bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("failed to read the bound address: {0}")]
+    LocalAddr(std::io::Error),
 }
 
-fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, String> {
+/// `rendezvous.listen`: `http://IP:PORT` with an explicit port (0 picks a free one).
+fn parse_listen(listen: &str) -> Result<SocketAddr, StartError> {
+    let wrong = || StartError::Listen(listen.to_owned());
+    let url = Url::parse(listen).map_err(|_| wrong())?;
+    match url.scheme() {
+        "http" => {}
+        "https" => return Err(StartError::ListenTls),
+        _ => return Err(wrong()),
+    }
+    let bare = !url.username().is_empty()
+        || url.password().is_some()
+        || url.path() != "/"
+        || url.query().is_some()
+        || url.fragment().is_some();
+    // The URL standard drops a default port (`:80`); the listener wants it written.
+    let port_written = listen
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+    let ip = match url.host() {
+        Some(Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(Host::Ipv6(ip)) => IpAddr::V6(ip),
+        _ => return Err(wrong()),
+    };
+    match url.port_or_known_default() {
+        Some(port) if !bare && port_written => Ok(SocketAddr::new(ip, port)),
+        _ => Err(wrong()),
+    }
+}
+
+/// `rendezvous.public_url` (§8.9): `http(s)://`, host, optional port and path prefix, no
+/// query or fragment, trailing `/` removed.
+fn parse_public_url(url: &str) -> Result<BaseUrl, StartError> {
+    BaseUrl::parse(url, true).map_err(|problem| StartError::PublicUrl {
+        url: url.to_owned(),
+        problem,
+    })
+}
+
+fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, StartError> {
     if let Some(path) = &config.signing_key_file {
-        let mut bytes = read_secret_file(path).map_err(|e| {
-            format!(
-                "invalid config: rendezvous.signing_key_file {}",
-                e.describe(path)
-            )
-        })?;
+        let mut bytes =
+            read_secret_file(path).map_err(|e| StartError::SigningKeyFile(e.describe(path)))?;
         let key = SigningKey::new(&bytes);
         zeroize::Zeroize::zeroize(&mut bytes);
-        return key;
+        return Ok(key?);
     }
     // Captured and erased from the environment at start-up.
     if let Some(text) = secret_env::secret_variable(SIGNING_KEY_ENV) {
-        return SigningKey::from_base64(text.expose());
+        return Ok(SigningKey::from_base64(text.expose())?);
     }
     tracing::warn!(
         "no rendezvous signing key configured; generated one for this run: URLs and authorizations will not survive a restart"
@@ -143,60 +174,48 @@ pub async fn start(
     config: RendezvousConfig,
     timing: RouterTiming,
     limits: ListenerLimits,
-) -> Result<RunningRendezvous, String> {
+) -> Result<RunningRendezvous, StartError> {
     let addr = parse_listen(&config.listen)?;
     if !addr.ip().is_loopback() && config.public_url.is_none() && !config.allow_insecure {
-        return Err(format!(
-            "refusing plain HTTP on the non-loopback address {addr} without rendezvous.public_url (a TLS proxy in front) or rendezvous.allow_insecure = true"
-        ));
+        return Err(StartError::Insecure(addr));
     }
     if !addr.ip().is_loopback() && config.public_url.is_none() {
         tracing::warn!("plain HTTP on a non-loopback address: bearer tokens travel in clear");
     }
+    let public_url = config
+        .public_url
+        .as_deref()
+        .map(parse_public_url)
+        .transpose()?;
     let key = load_signing_key(&config)?;
-    let capacity = Capacity::new(&config);
-    let mut tokens = Vec::new();
-    for (index, t) in config.tokens.iter().enumerate() {
-        let mut digest = [0u8; 32];
-        for (i, byte) in digest.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&t.sha256[i * 2..i * 2 + 2], 16)
-                .map_err(|_| "rendezvous token sha256 must be hex".to_owned())?;
-        }
-        tokens.push(TokenEntry {
-            name: t.name.clone(),
-            tenant: capacity.tenant_of_token(index),
-            digest,
-            role: t.role,
-            environments: t.environments.clone(),
-        });
-    }
+    let store = Arc::new(MemoryStore::new(&config).map_err(StartError::Tokens)?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| format!("failed to bind {addr}: {e}"))?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|e| format!("failed to read the bound address: {e}"))?;
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let local_addr = listener.local_addr().map_err(StartError::LocalAddr)?;
     let base_path = config.base_path.trim_end_matches('/').to_owned();
-    let public = match &config.public_url {
-        Some(url) => url.trim_end_matches('/').to_owned(),
-        None => format!("http://{local_addr}{base_path}"),
+    let public = match public_url {
+        Some(url) => url,
+        None => parse_public_url(&format!("http://{local_addr}{base_path}"))?,
     };
-    let ws_base = if let Some(rest) = public.strip_prefix("https://") {
-        format!("wss://{rest}")
-    } else if let Some(rest) = public.strip_prefix("http://") {
-        format!("ws://{rest}")
-    } else {
-        return Err(format!(
-            "rendezvous.public_url must be http(s)://…, got `{public}`"
-        ));
-    };
+    // The same URL with `ws` for `http` and `wss` for `https` (§8.4).
+    let ws_scheme = if public.is_tls() { "wss" } else { "ws" };
+    let public = public.redacted();
+    let rest = public
+        .split_once("://")
+        .map_or(public.as_str(), |(_, rest)| rest);
+    let ws_base = format!("{ws_scheme}://{rest}");
     tracing::info!(address = %local_addr, "rendezvous listening");
-    let rate_limits = RateLimits::new(&config, capacity.tenant_count());
-    let hub = Hub::new(&config, capacity, timing);
+    let router = Router::new(
+        Duration::from_secs(config.grace_secs),
+        config.max_parked_streams_per_environment,
+        timing,
+    );
+    let hub = Hub::new(store, router);
+    let rate_limits = RateLimits::new(&config, hub.tenant_count());
     let service = Arc::new(Service {
         config,
         key,
-        tokens,
         ws_base,
         hub: Arc::clone(&hub),
         limits: rate_limits,
@@ -233,8 +252,14 @@ pub async fn start(
     })
 }
 
-/// `exec-server rendezvous`: prints the public URL on stdout and serves until a signal.
-pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), StartupError> {
+/// `exec-server rendezvous`: starts the service from the `[rendezvous]` table and the
+/// command-line flags, prints its public URL as the first line on stdout, and serves until
+/// `shutdown` resolves.
+pub async fn run(
+    source: &ConfigSource,
+    args: RendezvousArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartupError> {
     let mut config = RendezvousConfig::load(source)?;
     if let Some(listen) = args.listen {
         config.listen = listen;
@@ -242,25 +267,18 @@ pub fn run_cli(source: &ConfigSource, args: RendezvousArgs) -> Result<(), Startu
     if let Some(url) = args.public_url {
         config.public_url = Some(url);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| StartupError(format!("failed to start the async runtime: {e}")))?;
-    runtime.block_on(async move {
-        let running = start(config, RouterTiming::default(), args.listener)
-            .await
-            .map_err(StartupError)?;
-        {
-            use std::io::Write;
-            let mut stdout = std::io::stdout().lock();
-            let _ = writeln!(stdout, "{}", running.url);
-            let _ = stdout.flush();
-        }
-        crate::shutdown_signal().await;
-        running.stop().await;
-        Ok::<_, StartupError>(())
-    })?;
-    std::process::exit(0);
+    let running = start(config, RouterTiming::default(), args.listener)
+        .await
+        .map_err(|e| StartupError(e.to_string()))?;
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{}", running.url);
+        let _ = stdout.flush();
+    }
+    shutdown.await;
+    running.stop().await;
+    Ok(())
 }
 
 // ---- registry endpoints --------------------------------------------------------------
@@ -272,6 +290,11 @@ fn json(status: StatusCode, value: &Value) -> Response {
         value.to_string(),
     )
         .into_response()
+}
+
+/// The body of a registry error answer (§7.6).
+fn error_json(code: &str, message: &str) -> Value {
+    serde_json::json!({"error": {"code": code, "message": message}})
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response {
@@ -310,7 +333,7 @@ fn refusal_log(refusal: &Refusal, caller: Option<&str>, environment: &str) {
         reason = refusal.code(),
         limit = refusal.config_key(),
         tenant = refusal.tenant().or(caller).unwrap_or("-"),
-        environment = %crate::proto::truncate_for_log(environment),
+        environment = %exec_server_relay_core::proto::truncate_for_log(environment),
         "request refused: {refusal}"
     );
 }
@@ -335,12 +358,12 @@ fn environment_matches(patterns: &[String], id: &str) -> bool {
 impl Service {
     /// Bearer token check of §8.3: unknown → 401, wrong role or environment → 403;
     /// otherwise the caller's tenant.
-    fn authorize(
+    async fn authorize(
         &self,
         headers: &HeaderMap,
         needs: TokenRole,
         id: &str,
-    ) -> Result<&TokenEntry, Response> {
+    ) -> Result<TokenGrant, Response> {
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -357,19 +380,12 @@ impl Service {
         let Some(token) = token else {
             return Err(unauthorized());
         };
-        let digest = token_digest(&token);
-        let mut found: Option<&TokenEntry> = None;
-        for entry in &self.tokens {
-            if signing::constant_time_eq(&entry.digest, &digest) && found.is_none() {
-                found = Some(entry);
-            }
-        }
-        let Some(entry) = found else {
+        let Some(entry) = self.hub.authenticate(&token_digest(&token)).await else {
             return Err(unauthorized());
         };
         let role_ok = entry.role == TokenRole::Any || entry.role == needs;
         if !role_ok || !environment_matches(&entry.environments, id) {
-            tracing::info!(token = %entry.name, environment = %crate::proto::truncate_for_log(id), "token not allowed for this call");
+            tracing::info!(token = %entry.name, environment = %exec_server_relay_core::proto::truncate_for_log(id), "token not allowed for this call");
             return Err(error(
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -405,14 +421,14 @@ impl Service {
 /// without reading any of it), the bearer token, the tenant's request rate, the
 /// environment id, then the body itself, read up to the limit. Returns the parsed body
 /// and the caller's token entry (its tenant).
-async fn authorized_call<'a>(
-    service: &'a Service,
+async fn authorized_call(
+    service: &Service,
     peer: SocketAddr,
     headers: &HeaderMap,
     role: TokenRole,
     id: &str,
     body: Body,
-) -> Result<(Value, &'a TokenEntry), Response> {
+) -> Result<(Value, TokenGrant), Response> {
     service
         .limits
         .check_peer(peer.ip())
@@ -427,7 +443,7 @@ async fn authorized_call<'a>(
     if declared.is_some_and(|len| len > max_body as u64) {
         return Err(too_large(None));
     }
-    let caller = service.authorize(headers, role, id)?;
+    let caller = service.authorize(headers, role, id).await?;
     service
         .limits
         .check_tenant(caller.tenant, &caller.name)
@@ -510,16 +526,16 @@ async fn register(
             "`name` is longer than 256 bytes",
         );
     }
-    let reg = match service.hub.register(&id, key, name, caller.tenant) {
+    let reg = match service.hub.register(&id, key, name, caller.tenant).await {
         Ok(reg) => reg,
-        Err(state::RegisterRefusal::Busy) => {
+        Err(RegisterRefusal::Busy) => {
             return error(
                 StatusCode::CONFLICT,
                 "environment_busy",
                 "another executor is serving this environment",
             )
         }
-        Err(state::RegisterRefusal::Capacity(refusal)) => {
+        Err(RegisterRefusal::Capacity(refusal)) => {
             return refuse(&refusal, Some(&caller.name), &id)
         }
     };
@@ -550,16 +566,16 @@ async fn connect(
         Ok(k) => k,
         Err(r) => return r,
     };
-    let (reg, executor_key) = match service.hub.connectable(&id) {
-        state::Connectable::Yes { reg, key } => (reg, key),
-        state::Connectable::NotFound => {
+    let (reg, executor_key) = match service.hub.connectable(&id).await {
+        Connectable::Yes { reg, key } => (reg, key),
+        Connectable::NotFound => {
             return error(
                 StatusCode::NOT_FOUND,
                 "environment_not_found",
                 "no executor has registered this environment",
             )
         }
-        state::Connectable::Unavailable => {
+        Connectable::Unavailable => {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "executor_unavailable",
@@ -621,7 +637,7 @@ async fn validate(
             "missing `harness_key_authorization`",
         );
     };
-    let Some(current) = service.hub.current_registration(&id) else {
+    let Some(current) = service.hub.current_registration(&id).await else {
         return error(
             StatusCode::NOT_FOUND,
             "environment_not_found",
@@ -658,7 +674,7 @@ impl UpgradeQuery {
         let mut q = Self::default();
         for pair in query.split('&') {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = crate::registry::decode_segment(v);
+            let v = decode_segment(v);
             match k {
                 "role" => q.role = v,
                 "reg" => q.reg = v,
@@ -726,27 +742,36 @@ async fn upgrade(
         return StatusCode::UNAUTHORIZED.into_response();
     }
     // 5–7. Registration state; executor presence and capacity for harnesses.
-    let harness_slot = match role {
-        SocketRole::Executor => match service.hub.admit_executor(&id, &reg) {
-            Ok(()) => None,
+    let admitted = match role {
+        SocketRole::Executor => match service.hub.admit_executor(&id, &reg).await {
+            Ok(epoch) => Admitted::Executor(epoch),
             Err(status) => return status.into_response(),
         },
-        SocketRole::Harness => match service.hub.admit_harness(&id, &reg) {
-            Ok(slot) => Some(slot),
+        SocketRole::Harness => match service.hub.admit_harness(&id, &reg).await {
+            Ok((epoch, lease)) => Admitted::Harness(epoch, lease),
             Err(UpgradeRefusal::Status(status)) => return status.into_response(),
             Err(UpgradeRefusal::Capacity(refusal)) => return refuse(&refusal, None, &id),
         },
     };
     let hub = Arc::clone(&service.hub);
-    // A failed upgrade drops the closure, and with it the harness slot.
+    // A failed upgrade drops the closure, and with it the harness lease.
     ws.max_message_size(MAX_WS_MESSAGE_BYTES)
         .max_frame_size(MAX_WS_MESSAGE_BYTES)
         .on_upgrade(move |socket| async move {
-            match harness_slot {
-                None => hub.serve_executor(id, reg, socket).await,
-                Some(slot) => hub.serve_harness(id, reg, kh, slot, socket).await,
+            match admitted {
+                Admitted::Executor(epoch) => hub.serve_executor(id, reg, epoch, socket).await,
+                Admitted::Harness(epoch, lease) => {
+                    hub.serve_harness(id, epoch, kh, lease, socket).await
+                }
             }
         })
+}
+
+/// An upgrade the store admitted: the registration it is for and, for a harness, the
+/// capacity it holds.
+enum Admitted {
+    Executor(Epoch),
+    Harness(Epoch, HarnessLease),
 }
 
 /// Test hook: how long the router waits before parked routes and detached executors expire.

@@ -1,0 +1,29 @@
+//! The relay core (RELAY.md): everything both ends of a relay stream share, and nothing that
+//! serves — an encrypted, reliable virtual stream carried in protobuf frames that a
+//! rendezvous routes but cannot read, the harness's connector, and the registry client.
+//! The executor (`exec-server-relay`) and the rendezvous service (`exec-server-rendezvous`)
+//! are built on it; a harness needs nothing else.
+//!
+//! * [`proto`] — the relay.v1 frame schema (prost), frame constructors, stateless
+//!   validation, reset reasons.
+//! * [`noise`] — the Noise suites behind the [`noise::NoiseSuite`] seam, static keys and
+//!   their JSON, the prologue.
+//! * [`reliable`] — one stream's records, sequence numbers, acks, retransmission and
+//!   resume, as a sans-IO state machine.
+//! * [`driver`] — the task that runs one stream between its inbox, the JSON-RPC side and
+//!   the current physical connection (stream multiplexing over one socket).
+//! * [`link`] — one physical WebSocket to the rendezvous: limits, writer queues, Ping/Pong.
+//! * [`endpoint`] — registry and rendezvous URLs, environment ids and their encoding.
+//! * [`registry`] — the registry HTTP client (`register`, `connect`, `validate`).
+//! * [`tls`] — the TLS configuration of `https` registries and `wss` rendezvous sockets.
+//! * [`harness`] — the harness connector ([`harness::connect_relay`]).
+
+pub mod driver;
+pub mod endpoint;
+pub mod harness;
+pub mod link;
+pub mod noise;
+pub mod proto;
+pub mod registry;
+pub mod reliable;
+pub mod tls;

@@ -1,0 +1,280 @@
+//! Where the store and the router meet: every registry decision goes to the store, every
+//! socket to the router, and the registrations a store call ended are handed to the router
+//! before the call returns. The socket loops of executor and harness sockets live here:
+//! they attach and detach through both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use axum::http::StatusCode;
+use exec_server_relay_core::noise::NoisePublicKey;
+use futures_util::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::router::{decode_valid, is_too_big, Router, MAX_INVALID_FRAMES};
+use crate::store::{
+    Connectable, Epoch, HarnessLease, RegisterRefusal, SharedStore, TenantId, TokenGrant,
+    UpgradeRefusal,
+};
+
+/// The registry state and the live sockets of this process.
+pub struct Hub {
+    store: SharedStore,
+    router: Router,
+}
+
+impl Hub {
+    pub fn new(store: SharedStore, router: Router) -> Arc<Self> {
+        Arc::new(Self { store, router })
+    }
+
+    pub async fn authenticate(&self, digest: &[u8; 32]) -> Option<TokenGrant> {
+        self.store.authenticate(digest).await
+    }
+
+    pub fn tenant_count(&self) -> usize {
+        self.store.tenant_count()
+    }
+
+    pub async fn register(
+        &self,
+        id: &str,
+        key: NoisePublicKey,
+        name: Option<String>,
+        tenant: TenantId,
+    ) -> Result<String, RegisterRefusal> {
+        let mut ended = Vec::new();
+        let registered = self
+            .store
+            .register(id, key, name, tenant, Instant::now(), &mut ended)
+            .await;
+        self.router.registrations_ended(ended);
+        registered
+    }
+
+    pub async fn connectable(&self, id: &str) -> Connectable {
+        let mut ended = Vec::new();
+        let answer = self.store.connectable(id, Instant::now(), &mut ended).await;
+        self.router.registrations_ended(ended);
+        answer
+    }
+
+    pub async fn current_registration(&self, id: &str) -> Option<String> {
+        let mut ended = Vec::new();
+        let current = self
+            .store
+            .current_registration(id, Instant::now(), &mut ended)
+            .await;
+        self.router.registrations_ended(ended);
+        current
+    }
+
+    /// May an executor socket for `reg` be opened? Its registration's epoch.
+    pub async fn admit_executor(&self, id: &str, reg: &str) -> Result<Epoch, StatusCode> {
+        let mut ended = Vec::new();
+        let admitted = self
+            .store
+            .admit_executor(id, reg, Instant::now(), &mut ended)
+            .await;
+        self.router.registrations_ended(ended);
+        admitted
+    }
+
+    /// May a harness socket for `reg` be opened? Its capacity is held from now on.
+    pub async fn admit_harness(
+        &self,
+        id: &str,
+        reg: &str,
+    ) -> Result<(Epoch, HarnessLease), UpgradeRefusal> {
+        let mut ended = Vec::new();
+        let admitted = self
+            .store
+            .admit_harness(id, reg, Instant::now(), &mut ended)
+            .await;
+        self.router.registrations_ended(ended);
+        admitted
+    }
+
+    /// Serves one executor socket admitted for the registration `reg` (`epoch`). The
+    /// router has its socket before the store marks the environment attached, so a
+    /// harness admitted because of that mark always finds the environment's sockets.
+    pub async fn serve_executor(
+        self: Arc<Self>,
+        env_id: String,
+        reg: String,
+        epoch: Epoch,
+        socket: WebSocket,
+    ) {
+        let (handle, mut stream, last_pong) = self.router.spawn_socket(socket);
+        if !self.router.attach_executor(&env_id, epoch, &handle) {
+            handle.close(4002);
+            return;
+        }
+        let current = self
+            .store
+            .executor_attached(&env_id, &reg, Instant::now())
+            .await;
+        if current != Some(epoch) {
+            // The registration changed since the upgrade was admitted.
+            self.router.detach_executor(&env_id, handle.id);
+            handle.close(4002);
+            return;
+        }
+        let mut invalid = 0u32;
+        let mut left_for_good = false;
+        loop {
+            let message = tokio::select! {
+                _ = handle.kill.cancelled() => break,
+                m = stream.next() => m,
+            };
+            let bytes = match message {
+                Some(Ok(Message::Binary(bytes))) => bytes,
+                Some(Ok(Message::Pong(_))) => {
+                    *last_pong.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                    continue;
+                }
+                Some(Ok(Message::Text(_))) => {
+                    handle.close(1003);
+                    break;
+                }
+                Some(Err(e)) => {
+                    if is_too_big(e) {
+                        handle.close(1009);
+                    }
+                    break;
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    // 1000 is what an executor sends when it stops (§8.8, §9.1).
+                    left_for_good = frame.is_some_and(|f| f.code == 1000);
+                    break;
+                }
+                None => break,
+                Some(Ok(_)) => continue,
+            };
+            let Some(frame) = decode_valid(&bytes) else {
+                invalid += 1;
+                tracing::debug!(invalid, "dropped an invalid frame from an executor");
+                continue;
+            };
+            self.router
+                .forward_from_executor(&env_id, &handle, bytes, &frame);
+        }
+        handle.kill.cancel();
+        if let Some(epoch) = self.router.detach_executor(&env_id, handle.id) {
+            let mut ended = Vec::new();
+            self.store
+                .executor_detached(&env_id, epoch, left_for_good, Instant::now(), &mut ended)
+                .await;
+            self.router.registrations_ended(ended);
+        }
+    }
+
+    /// Serves one harness socket admitted for the registration `epoch`, whose signed URL
+    /// named the key hash `kh`; `lease` is its capacity, held until the socket ends.
+    pub async fn serve_harness(
+        self: Arc<Self>,
+        env_id: String,
+        epoch: Epoch,
+        kh: String,
+        lease: HarnessLease,
+        socket: WebSocket,
+    ) {
+        let _lease = lease;
+        let (handle, mut stream, last_pong) = self.router.spawn_socket(socket);
+        if !self.router.open_harness(&env_id, epoch, &handle) {
+            handle.close(1011);
+            return;
+        }
+        let mut bound: Option<String> = None;
+        let mut invalid = 0u32;
+        let mut ended_by_reset = false;
+        loop {
+            let message = tokio::select! {
+                _ = handle.kill.cancelled() => break,
+                m = stream.next() => m,
+            };
+            let bytes = match message {
+                Some(Ok(Message::Binary(bytes))) => bytes,
+                Some(Ok(Message::Pong(_))) => {
+                    *last_pong.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                    continue;
+                }
+                Some(Ok(Message::Text(_))) => {
+                    handle.close(1003);
+                    break;
+                }
+                Some(Err(e)) => {
+                    if is_too_big(e) {
+                        handle.close(1009);
+                    }
+                    break;
+                }
+                Some(Ok(Message::Close(_))) | None => break,
+                Some(Ok(_)) => continue,
+            };
+            let Some(frame) = decode_valid(&bytes) else {
+                invalid += 1;
+                if invalid >= MAX_INVALID_FRAMES {
+                    handle.close(1002);
+                    break;
+                }
+                continue;
+            };
+            match &bound {
+                None => {
+                    if !self
+                        .router
+                        .bind_harness(&env_id, &kh, &handle, &frame.stream_id)
+                    {
+                        break;
+                    }
+                    bound = Some(frame.stream_id.clone());
+                }
+                Some(sid) if *sid != frame.stream_id => {
+                    handle.close(1008);
+                    break;
+                }
+                Some(_) => {}
+            }
+            if !self
+                .router
+                .forward_from_harness(&env_id, &handle, bytes, &frame)
+            {
+                ended_by_reset = true;
+                break;
+            }
+        }
+        handle.kill.cancel();
+        self.router
+            .close_harness(&env_id, &handle, bound.as_deref(), ended_by_reset);
+    }
+
+    /// Ends the registrations that are due and expires parked routes and absent
+    /// executors (§8.2, §8.7).
+    pub async fn sweep(&self, now: Instant) {
+        let mut ended = Vec::new();
+        self.store.sweep(now, &mut ended).await;
+        self.router.registrations_ended(ended);
+        self.router.sweep(now);
+    }
+
+    pub fn spawn_sweeper(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let hub = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(hub.router.timing.sweep_every);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => hub.sweep(Instant::now()).await,
+                }
+            }
+        })
+    }
+
+    /// Closes every socket with 1001 (service shutdown), waiting up to `drain`.
+    pub async fn close_all(&self, drain: Duration) {
+        self.router.close_all(drain).await;
+    }
+}

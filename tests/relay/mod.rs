@@ -1,0 +1,15 @@
+//! Remote mode end to end: the real `exec-server rendezvous` and `exec-server --remote`
+//! processes on loopback, a harness speaking JSON-RPC through the relay with the library's
+//! connector, and a WebSocket proxy in between that captures, drops, duplicates, reorders
+//! and cuts frames.
+//!
+//! One module per topic; the fixtures they share are in `fixtures`.
+
+mod executor;
+mod fixtures;
+mod harness;
+mod interop;
+mod limits;
+mod registry;
+mod rendezvous;
+mod tls;
