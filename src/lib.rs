@@ -41,6 +41,7 @@ use std::sync::Arc;
 use clap::Parser;
 use exec_server_config::core::CONNECTION_TOKEN_ENV;
 use exec_server_config::{secret_env, CliOverrides, ConfigSource, CoreConfig};
+use exec_server_core::config_section::config_sections;
 use exec_server_core::hygiene;
 use exec_server_core::router::MethodPlan;
 use exec_server_core::server::{
@@ -57,7 +58,8 @@ use exec_server_relay as _;
 use exec_server_rendezvous as _;
 use exec_server_search as _;
 
-/// Plugins this library is built with, and the crate that provides each.
+/// Plugins and configuration sections this library is built with, and the crate that
+/// provides each.
 pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
     ("capabilities", "exec-server-capabilities"),
     ("environment", "exec-server-environment"),
@@ -100,7 +102,7 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
             // Still single-threaded: take the variable `relay.token_env` names, if the
             // configuration names one; `run` reports configuration errors itself.
             if let Ok(source) = ConfigSource::load(config.as_deref(), CliOverrides::default()) {
-                secret_env::capture_variables_named_by(&source);
+                secret_env::capture_variables_named(&source.secret_variable_names());
             }
             return run::main(run, config.as_deref());
         }
@@ -126,7 +128,7 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
     let source =
         ConfigSource::load(cli.config.as_deref(), overrides).map_err(StartupError::from)?;
     // No thread has started yet: the last moment secrets may be taken from the environment.
-    secret_env::capture_variables_named_by(&source);
+    secret_env::capture_variables_named(&source.secret_variable_names());
     let core = CoreConfig::from_source(&source, secret_env::secret_variable(CONNECTION_TOKEN_ENV))
         .map_err(StartupError::from)?;
     match cli.command {
@@ -162,13 +164,19 @@ fn prepare_to_listen() {
     }
 }
 
-/// Fails with the crate name when a plugin this binary should have is not registered.
+/// Fails with the crate name when a plugin or configuration section this binary should
+/// have is not registered (a crate that is never referenced is not linked, and its
+/// `inventory` records vanish with it).
 fn check_linked_plugins(expected: &[(&str, &str)]) -> Result<(), StartupError> {
-    let registered: Vec<&str> = plugin::plugins().iter().map(|p| p.name).collect();
+    let registered: Vec<&str> = plugin::plugins()
+        .iter()
+        .map(|p| p.name)
+        .chain(config_sections().iter().map(|s| s.name))
+        .collect();
     for (name, krate) in expected {
         if !registered.contains(name) {
             return Err(StartupError(format!(
-                "plugin `{name}` is not registered: the crate `{krate}` was not linked into this binary (reference it with `use {} as _;`)",
+                "`{name}` is not registered: the crate `{krate}` was not linked into this binary (reference it with `use {} as _;`)",
                 krate.replace('-', "_")
             )));
         }
@@ -177,7 +185,7 @@ fn check_linked_plugins(expected: &[(&str, &str)]) -> Result<(), StartupError> {
 }
 
 fn print_methods(source: &ConfigSource, core: &CoreConfig) -> Result<(), StartupError> {
-    let plan = MethodPlan::new(source, core, &plugin::plugins())?;
+    let plan = MethodPlan::new(source, core, &plugin::plugins(), &config_sections())?;
     let width = plan
         .methods
         .iter()
@@ -201,6 +209,9 @@ fn print_methods(source: &ConfigSource, core: &CoreConfig) -> Result<(), Startup
         let state = if *enabled { "" } else { " (disabled)" };
         println!("plugin {}{state}: {}", plugin.name, plugin.summary);
     }
+    for section in config_sections() {
+        println!("config section [{}]: {}", section.name, section.summary);
+    }
     let mut sentinels: Vec<&str> = exec_server_core::helpers::hidden_helpers()
         .map(|h| h.sentinel)
         .collect();
@@ -213,9 +224,9 @@ fn print_methods(source: &ConfigSource, core: &CoreConfig) -> Result<(), Startup
 }
 
 fn print_config(source: &ConfigSource, core: &CoreConfig) -> Result<(), StartupError> {
-    let plan = MethodPlan::new(source, core, &plugin::plugins())?;
+    let plan = MethodPlan::new(source, core, &plugin::plugins(), &config_sections())?;
     let mut effective = core.to_redacted_json();
-    for (name, section) in plan.plugin_config {
+    for (name, section) in plan.tables {
         effective[name] = section;
     }
     let text = toml::to_string_pretty(&without_nulls(effective))

@@ -183,6 +183,52 @@ fn switches_that_match_nothing_are_errors() {
     }
 }
 
+/// `[sandbox]`, `[relay]`, `[remote]` and `[rendezvous]` are configuration sections, not
+/// plugins: a switch for one would do nothing, so it stops the server and says what does
+/// turn the feature on or off.
+#[test]
+fn switches_for_configuration_sections_are_errors_that_say_what_switches_them() {
+    for (section, expected_hint) in [
+        ("sandbox", "`sandbox.enforcement` chooses"),
+        ("relay", "runs when `relay.url` is set"),
+        ("remote", "runs when `remote.url`"),
+        ("rendezvous", "only as `exec-server rendezvous`"),
+    ] {
+        let toml = format!("[plugins.{section}]\nenabled = false\n");
+        let file = config_file(&toml);
+        let path = file.to_str().unwrap();
+        let out = run(&["--config", path], &[]);
+        assert_eq!(out.status.code(), Some(2), "{toml}");
+        let message = stderr(&out);
+        let prefix = format!(
+            "invalid config: plugins.{section} [{section}] is a configuration section, not a plugin, so it has no switch: "
+        );
+        assert!(message.trim().starts_with(&prefix), "{toml}: {message}");
+        assert!(message.contains(expected_hint), "{toml}: {message}");
+        assert!(
+            message.trim().ends_with(&format!("(from {path})")),
+            "{message}"
+        );
+    }
+    // The same tables are still accepted, validated and printed as sections.
+    let out = run(&["methods"], &[]);
+    let listing = stdout(&out);
+    for section in ["rendezvous", "relay", "remote", "sandbox"] {
+        assert!(
+            listing.contains(&format!("config section [{section}]: ")),
+            "{listing}"
+        );
+        assert!(
+            !listing.contains(&format!("plugin {section}:")),
+            "{listing}"
+        );
+    }
+    let file = config_file("[sandbox]\nenforcment = \"require\"\n");
+    let out = run(&["config", "--config", file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("sandbox"), "{}", stderr(&out));
+}
+
 #[test]
 fn listen_url_errors_keep_the_reference_texts() {
     for (url, expected) in [

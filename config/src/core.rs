@@ -9,8 +9,7 @@ use crate::secret::{read_token_file, SecretString};
 use crate::source::{ConfigError, ConfigSource};
 use crate::ws_auth::{self, AuthKeys, WebsocketAuth, WsAuthMode, DEFAULT_MAX_CLOCK_SKEW_SECONDS};
 
-/// Environment variable that can carry the WebSocket bearer token (PROTOCOL §1.3.2).
-pub const CONNECTION_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_CONNECTION_TOKEN";
+pub use crate::variables::CONNECTION_TOKEN_ENV;
 
 /// Names of the core tables; any other top-level table must belong to a plugin.
 pub const CORE_TABLES: &[&str] = &[

@@ -12,11 +12,14 @@
 //! * [`secret`] — the redacting [`SecretString`] and the mode-checked token file reader.
 //! * [`secret_env`] — secrets taken from the environment once, then erased from it.
 //! * [`ws_auth`] — how WebSocket upgrades are authenticated (capability token, HS256 JWT).
+//! * [`variables`] — the environment variables read: the configuration variable scheme and
+//!   the fixed names of secret variables.
 
 pub mod core;
 pub mod secret;
 pub mod secret_env;
 pub mod source;
+pub mod variables;
 pub mod ws_auth;
 
 pub use crate::core::{CoreConfig, ListenerTable, PluginSwitch};

@@ -11,7 +11,8 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use zeroize::Zeroize as _;
 
-use crate::source::REDACTED;
+/// How secrets are printed by `exec-server config`, logs and `Debug`.
+pub const REDACTED: &str = "<redacted>";
 
 /// Largest secret file read: tokens and keys are a few dozen bytes; anything this large is
 /// the wrong file, and reading it whole would be an unbounded buffer.

@@ -5,7 +5,7 @@
 //! `unsetenv` leaves untouched. Afterwards the secrets are only ever read from here.
 //!
 //! `main` calls [`capture_secret_variables`] first thing, then, once the configuration is
-//! loaded and before any thread starts, [`capture_variables_named_by`] for variables whose
+//! loaded and before any thread starts, [`capture_variables_named`] for variables whose
 //! name the configuration chooses (`relay.token_env`).
 
 use std::collections::BTreeMap;
@@ -13,16 +13,12 @@ use std::ffi::OsString;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use crate::core::CONNECTION_TOKEN_ENV;
 use crate::secret::SecretString;
-use crate::source::{ConfigSource, ENV_PREFIX, ENV_SEPARATOR};
-
-/// The executor's relay bearer token (RELAY.md §9.1), unless `relay.token_env` names another.
-pub const RELAY_TOKEN_ENV: &str = "EXEC_SERVER_RELAY_TOKEN";
-/// The relay bearer token under the name an older reference generation used.
-pub const LEGACY_RELAY_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN";
-/// The rendezvous signing key, base64 (RELAY.md §8.4).
-pub const RENDEZVOUS_SIGNING_KEY_ENV: &str = "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY";
+pub use crate::variables::{
+    config_variable, CONNECTION_TOKEN_ENV, LEGACY_RELAY_TOKEN_ENV, RELAY_TOKEN_ENV,
+    RENDEZVOUS_SIGNING_KEY_ENV,
+};
+use crate::variables::{ENV_PREFIX, ENV_SEPARATOR};
 
 /// Variables that hold a secret under a fixed name.
 pub const SECRET_VARIABLES: &[&str] = &[
@@ -62,13 +58,6 @@ fn store() -> std::sync::MutexGuard<'static, Store> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The environment variable that sets configuration key `key` (`websocket.bearer_token` →
-/// `EXEC_SERVER_WEBSOCKET__BEARER_TOKEN`).
-pub fn config_variable(key: &str) -> String {
-    let levels: Vec<String> = key.split('.').map(str::to_ascii_uppercase).collect();
-    format!("{ENV_PREFIX}{}", levels.join(ENV_SEPARATOR))
-}
-
 /// Takes every secret variable with a fixed name (and the configuration variables of
 /// [`SECRET_KEYS`], in any letter case, as the configuration loader matches them).
 ///
@@ -91,13 +80,12 @@ pub fn capture_secret_variables() {
     capture(&names);
 }
 
-/// Takes the variables that the configuration names as holding a secret
-/// ([`SECRET_VARIABLE_NAME_KEYS`]). Same single-thread rule as
-/// [`capture_secret_variables`].
-pub fn capture_variables_named_by(source: &ConfigSource) {
-    let names: Vec<OsString> = SECRET_VARIABLE_NAME_KEYS
+/// Takes the variables that the configuration names as holding a secret (the values of
+/// [`SECRET_VARIABLE_NAME_KEYS`], from `ConfigSource::secret_variable_names`). Same
+/// single-thread rule as [`capture_secret_variables`].
+pub fn capture_variables_named(names: &[String]) {
+    let names: Vec<OsString> = names
         .iter()
-        .filter_map(|key| source.string_value(key))
         .filter(|name| !name.is_empty() && !name.contains(['=', '\0']))
         .map(OsString::from)
         .collect();

@@ -9,12 +9,8 @@ use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::de::DeserializeOwned;
 
-/// Prefix of configuration environment variables.
-pub const ENV_PREFIX: &str = "EXEC_SERVER_";
-/// Separator between levels in configuration environment variables.
-pub const ENV_SEPARATOR: &str = "__";
-/// How secrets are printed by `exec-server config`.
-pub const REDACTED: &str = "<redacted>";
+pub use crate::secret::REDACTED;
+pub use crate::variables::{ENV_PREFIX, ENV_SEPARATOR};
 
 const CLI_SOURCE_NAME: &str = "command line";
 /// Names the layer of captured secret variables; `describe` reports it as an environment
@@ -149,6 +145,15 @@ impl ConfigSource {
     /// The string value of `key` if some layer sets it, e.g. a `*_file` setting.
     pub fn string_value(&self, key: &str) -> Option<String> {
         self.figment.extract_inner::<String>(key).ok()
+    }
+
+    /// The names of the environment variables that this configuration says hold a secret
+    /// (the values of `secret_env::SECRET_VARIABLE_NAME_KEYS`, e.g. `relay.token_env`).
+    pub fn secret_variable_names(&self) -> Vec<String> {
+        crate::secret_env::SECRET_VARIABLE_NAME_KEYS
+            .iter()
+            .filter_map(|key| self.string_value(key))
+            .collect()
     }
 
     /// A source made of one TOML text (tests and examples).
@@ -307,13 +312,7 @@ fn describe(metadata: &Metadata, key: &str) -> String {
         return " (from the command line)".to_owned();
     }
     if metadata.name.contains("environment variable") {
-        let name = format!(
-            "{ENV_PREFIX}{}",
-            key.split('.')
-                .map(str::to_ascii_uppercase)
-                .collect::<Vec<_>>()
-                .join(ENV_SEPARATOR)
-        );
+        let name = crate::variables::config_variable(key);
         return format!(" (from environment variable {name})");
     }
     format!(" (from {})", metadata.name)

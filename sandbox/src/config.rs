@@ -1,20 +1,21 @@
-//! The `[sandbox]` configuration table (SANDBOX.md §6.3) and the config-only `sandbox`
-//! plugin that makes the table known to the server.
+//! The `[sandbox]` configuration table (SANDBOX.md §6.3), registered as a configuration
+//! section so that it is decoded and validated at start-up (an invalid value stops the
+//! server) and printed by `exec-server config`.
 //!
-//! The plugin answers no methods: it exists so that the table is decoded and validated at
-//! start-up (an invalid value stops the server), printed by `exec-server config`, and so
-//! that its `install` can log the probe (§6.2). The `fs` and `process` plugins read the
-//! same table for their helpers. The server's own hardening (§5.8) is not configurable:
-//! `main` applies it before configuration exists (`exec_server_core::hygiene`).
+//! The `fs` and `process` plugins read the table through their shared
+//! [`crate::SandboxRuntime`], which also logs the probe (§6.2). The sandbox has no switch:
+//! a request's `sandbox` member decides whether it is confined, and `enforcement` how
+//! strictly. The server's own hardening (§5.8) is not configurable either: `main` applies it
+//! before configuration exists (`exec_server_core::hygiene`).
 
 use std::path::PathBuf;
 
 use exec_server_core::config::{ConfigError, ConfigSource};
-use exec_server_core::{Install, InstallError, Plugin};
+use exec_server_core::ConfigSection;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::enforce;
+pub use crate::narrow::ProcessNarrowing;
 use crate::policy::Enforcement;
 
 /// The table's name.
@@ -22,15 +23,6 @@ pub const TABLE: &str = "sandbox";
 
 /// Smallest accepted `helper_max_response_bytes`.
 const MIN_RESPONSE_BYTES: u64 = 1024 * 1024;
-
-/// How processes get carve-outs and deny entries (§8.4).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProcessNarrowing {
-    #[default]
-    MountNamespace,
-    Skip,
-}
 
 /// Effective `[sandbox]` settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,108 +171,17 @@ impl SandboxConfig {
     }
 }
 
-/// The plugin's `config` function: the effective table, validated.
+/// The section's `decode` function: the effective table, validated.
 fn effective_section(source: &ConfigSource, _table: &str) -> Result<Value, ConfigError> {
     let config = SandboxConfig::from_source(source)?;
     Ok(serde_json::to_value(config).expect("the sandbox table serialises"))
 }
 
-fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
-    let config = SandboxConfig::from_source(install.config_source())?;
-    let missing = enforce::probe_missing();
-    if !missing.is_empty() {
-        match config.enforcement {
-            Enforcement::Require => tracing::warn!(
-                "sandboxed requests will be refused: this host cannot enforce {}",
-                missing.join(", ")
-            ),
-            Enforcement::BestEffort => tracing::warn!(
-                "sandbox enforcement is best-effort: this host cannot enforce {}",
-                missing.join(", ")
-            ),
-        }
-    }
-    crate::helpers::check_registered();
-    Ok(())
-}
-
 exec_server_core::inventory::submit! {
-    Plugin {
+    ConfigSection {
         name: TABLE,
-        summary: "sandbox settings for fs helpers and sandboxed processes (no methods)",
-        methods: &[],
-        config: Some(effective_section),
-        install,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_the_documented_values() {
-        let config = SandboxConfig::from_source(&ConfigSource::from_toml_str("")).unwrap();
-        assert_eq!(config, SandboxConfig::default());
-        assert_eq!(config.helper_timeout_ms, 30_000);
-        assert_eq!(config.helper_max_response_bytes, 805_306_368);
-        assert_eq!(config.max_concurrent_helpers, 16);
-        assert_eq!(config.max_helpers_per_session, 4);
-        assert_eq!(config.exit_output_grace_ms, 20);
-        assert_eq!(config.enforcement, Enforcement::Require);
-    }
-
-    #[test]
-    fn values_are_validated_with_the_documented_messages() {
-        let source = ConfigSource::from_toml_str("[sandbox]\nenforcement = \"strict\"\n");
-        let error = SandboxConfig::from_source(&source).unwrap_err();
-        assert!(
-            error.0.starts_with(
-                r#"invalid config: sandbox.enforcement must be "require" or "best-effort", got "strict""#
-            ),
-            "{error}"
-        );
-        for (toml, key) in [
-            ("helper_timeout_ms = 0", "sandbox.helper_timeout_ms"),
-            (
-                "helper_max_response_bytes = 10",
-                "sandbox.helper_max_response_bytes",
-            ),
-            (
-                "max_concurrent_helpers = 0",
-                "sandbox.max_concurrent_helpers",
-            ),
-            (
-                "max_helpers_per_session = 0",
-                "sandbox.max_helpers_per_session",
-            ),
-            (
-                "helper_executable = \"rel/bin\"",
-                "sandbox.helper_executable",
-            ),
-            ("process_narrowing = \"bwrap\"", "sandbox.process_narrowing"),
-            ("enforcment = \"require\"", "sandbox.enforcment"),
-        ] {
-            let source = ConfigSource::from_toml_str(&format!("[sandbox]\n{toml}\n"));
-            let error = SandboxConfig::from_source(&source).unwrap_err();
-            assert!(error.0.contains(key), "{toml}: {error}");
-        }
-        for value in ["true", "false"] {
-            let source =
-                ConfigSource::from_toml_str(&format!("[sandbox]\nserver_non_dumpable = {value}\n"));
-            let error = SandboxConfig::from_source(&source).unwrap_err();
-            assert!(
-                error
-                    .0
-                    .starts_with("invalid config: sandbox.server_non_dumpable was removed: "),
-                "{error}"
-            );
-        }
-        let source = ConfigSource::from_toml_str(
-            "[sandbox]\nenforcement = \"best-effort\"\nprocess_narrowing = \"skip\"\n",
-        );
-        let config = SandboxConfig::from_source(&source).unwrap();
-        assert_eq!(config.enforcement, Enforcement::BestEffort);
-        assert_eq!(config.process_narrowing, ProcessNarrowing::Skip);
+        summary: "sandbox settings for fs helpers and sandboxed processes",
+        decode: effective_section,
+        switched_by: "a request is confined when its `sandbox` member asks for it; `sandbox.enforcement` chooses between \"require\" and \"best-effort\"",
     }
 }

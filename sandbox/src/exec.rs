@@ -24,11 +24,10 @@ use exec_server_proto::RpcError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::ProcessNarrowing;
 use crate::enforce::namespaces::{self, PrivilegedUserNamespace};
 use crate::enforce::{self, HelperKind, LandlockState, Namespace, Namespaces};
 use crate::fs_helper::DEFAULT_MAX_REQUEST_BYTES;
-use crate::narrow::{self, MountNamespace, NarrowingOutcome};
+use crate::narrow::{self, MountNamespace, NarrowingOutcome, ProcessNarrowing};
 use crate::policy::{AccessKind, Enforcement, Network, SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH};
 
 pub mod exchange;

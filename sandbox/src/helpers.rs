@@ -36,7 +36,7 @@ pub fn helpers_registered() -> bool {
 }
 
 /// Logs the missing registrations at start-up.
-pub(crate) fn check_registered() {
+pub(crate) fn log_missing_registrations() {
     for sentinel in [FS_HELPER_ARG1, SANDBOX_EXEC_ARG1] {
         if !hidden_helpers().any(|h| h.sentinel == sentinel) {
             tracing::error!(

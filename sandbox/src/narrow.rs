@@ -14,8 +14,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ProcessNarrowing;
 use crate::policy::{Enforcement, Readable, SandboxPolicy};
+
+/// How processes get carve-outs and deny entries (§8.4): `sandbox.process_narrowing`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProcessNarrowing {
+    #[default]
+    MountNamespace,
+    Skip,
+}
 
 /// Most deny-glob matches narrowing covers.
 const MAX_GLOB_MATCHES: usize = 8192;

@@ -72,11 +72,33 @@ impl SandboxRuntime {
         install: &exec_server_core::Install<'_>,
     ) -> Result<std::sync::Arc<Self>, exec_server_core::InstallError> {
         install.shared(|| {
-            Ok(Self::from_source(
+            let runtime = Self::from_source(
                 install.config_source(),
                 install.core_config().limits.max_message_bytes,
-            )?)
+            )?;
+            runtime.log_what_cannot_be_enforced();
+            Ok(runtime)
         })
+    }
+
+    /// Logs once, when the server's runtime is built, what this host or binary cannot
+    /// enforce (SANDBOX.md §6.2, §9.3), so an operator learns it at start-up rather than
+    /// from the first refused request.
+    fn log_what_cannot_be_enforced(&self) {
+        let missing = enforce::probe_missing();
+        if !missing.is_empty() {
+            match self.config.enforcement {
+                Enforcement::Require => tracing::warn!(
+                    "sandboxed requests will be refused: this host cannot enforce {}",
+                    missing.join(", ")
+                ),
+                Enforcement::BestEffort => tracing::warn!(
+                    "sandbox enforcement is best-effort: this host cannot enforce {}",
+                    missing.join(", ")
+                ),
+            }
+        }
+        crate::helpers::log_missing_registrations();
     }
 
     /// Reads `[sandbox]` from `source`; `max_message_bytes` is `limits.max_message_bytes`.

@@ -1,6 +1,7 @@
 //! exec-server core: the plugin framework every method family and transport plugs into.
 //!
 //! * [`plugin`] — [`Plugin`] records collected through `inventory`, typed method adapters.
+//! * [`config_section`] — [`ConfigSection`] records: tables that belong to no plugin.
 //! * [`router`] — the method registry with the operator's switches (PROTOCOL §2.10).
 //! * [`call`] — [`Call`], what a handler may touch: session, connection state, back-pressure.
 //! * [`session`] — sessions that outlive connections: detach, resume, expiry (§3.4).
@@ -19,6 +20,7 @@
 //!   environment, descriptor limit raised.
 
 pub mod call;
+pub mod config_section;
 pub mod connection;
 pub mod extensions;
 pub mod fair_slots;
@@ -36,6 +38,7 @@ pub mod worker_threads;
 
 pub use async_trait::async_trait;
 pub use call::{Call, Parked, ResponseQueued};
+pub use config_section::ConfigSection;
 pub use exec_server_config as config;
 pub use exec_server_proto as proto;
 pub use extensions::SessionState;

@@ -14,6 +14,7 @@ use exec_server_config::{ConfigError, ConfigSource, CoreConfig};
 use exec_server_proto::environment::Capabilities;
 use exec_server_proto::initialize::{INITIALIZE, INITIALIZED};
 
+use crate::config_section::ConfigSection;
 use crate::metrics;
 use crate::plugin::{CapabilityDecl, EnvironmentInfoFn, ExtensionDecl, Install, Method, Plugin};
 
@@ -49,17 +50,19 @@ pub struct MethodEntry {
 pub struct MethodPlan {
     pub plugins: Vec<(&'static Plugin, bool)>,
     pub methods: Vec<MethodEntry>,
-    /// Each plugin's effective config table, by plugin name.
-    pub plugin_config: BTreeMap<&'static str, serde_json::Value>,
+    /// The effective value of every plugin table and configuration section, by table name.
+    pub tables: BTreeMap<&'static str, serde_json::Value>,
 }
 
 impl MethodPlan {
-    /// Checks `plugins` and the operator switches of `core` (every switch must match
-    /// something; `initialize` cannot be disabled; unknown top-level tables are errors).
+    /// Checks `plugins`, the configuration `sections` and the operator switches of `core`
+    /// (every switch must name a plugin or method; `initialize` cannot be disabled; unknown
+    /// top-level tables are errors) and decodes every table.
     pub fn new(
         source: &ConfigSource,
         core: &CoreConfig,
         plugins: &[&'static Plugin],
+        sections: &[&'static ConfigSection],
     ) -> Result<Self, StartupError> {
         let mut owner: HashMap<&str, &str> = HashMap::new();
         let mut names: HashMap<&str, ()> = HashMap::new();
@@ -92,14 +95,37 @@ impl MethodPlan {
             }
         }
 
+        for section in sections {
+            if CORE_TABLES.contains(&section.name) || names.contains_key(section.name) {
+                return Err(StartupError(format!(
+                    "configuration section `{}` collides with a core table or a plugin",
+                    section.name
+                )));
+            }
+        }
+        let is_section = |table: &str| sections.iter().any(|s| s.name == table);
         for (table, origin) in source.tables() {
-            if !CORE_TABLES.contains(&table.as_str()) && !names.contains_key(table.as_str()) {
+            if !CORE_TABLES.contains(&table.as_str())
+                && !names.contains_key(table.as_str())
+                && !is_section(&table)
+            {
                 return Err(StartupError(format!(
                     "invalid config: unknown key {table}{origin}"
                 )));
             }
         }
         for name in core.plugins.keys() {
+            if let Some(section) = sections.iter().find(|s| s.name == name.as_str()) {
+                return Err(source
+                    .invalid(
+                        &format!("plugins.{name}"),
+                        format!(
+                            "[{name}] is a configuration section, not a plugin, so it has no switch: {}",
+                            section.switched_by
+                        ),
+                    )
+                    .into());
+            }
             if !names.contains_key(name.as_str()) {
                 return Err(source
                     .invalid(&format!("plugins.{name}"), "names no plugin of this server")
@@ -122,12 +148,15 @@ impl MethodPlan {
             }
         }
 
-        let mut plugin_config = BTreeMap::new();
+        let mut tables = BTreeMap::new();
+        for section in sections {
+            tables.insert(section.name, (section.decode)(source, section.name)?);
+        }
         let mut plan_plugins = Vec::new();
         let mut methods = Vec::new();
         for &plugin in plugins {
             if let Some(config) = plugin.config {
-                plugin_config.insert(plugin.name, config(source, plugin.name)?);
+                tables.insert(plugin.name, config(source, plugin.name)?);
             }
             let plugin_on = core.plugins.get(plugin.name).is_none_or(|s| s.enabled);
             plan_plugins.push((plugin, plugin_on));
@@ -149,7 +178,7 @@ impl MethodPlan {
         Ok(Self {
             plugins: plan_plugins,
             methods,
-            plugin_config,
+            tables,
         })
     }
 }

@@ -10,6 +10,7 @@ use exec_server_config::{ConfigSource, CoreConfig};
 use exec_server_proto::decode::DecodeLimits;
 use tokio_util::sync::CancellationToken;
 
+use crate::config_section::config_sections;
 use crate::plugin::plugins;
 use crate::router::{MethodPlan, RequestMetrics, Router, StartupError};
 use crate::session::SessionRegistry;
@@ -33,7 +34,7 @@ pub struct ServerContext {
 impl ServerContext {
     /// Builds the context: checks the method plan and installs every enabled plugin.
     pub fn new(source: &ConfigSource, core: CoreConfig) -> Result<Arc<Self>, StartupError> {
-        let plan = MethodPlan::new(source, &core, &plugins())?;
+        let plan = MethodPlan::new(source, &core, &plugins(), &config_sections())?;
         let router = Router::install(&plan, source, &core)?;
         Ok(Arc::new(Self {
             sessions: SessionRegistry::new(Duration::from_millis(core.session.detached_ttl_ms)),

@@ -161,7 +161,7 @@ fn a_host_that_does_not_link_the_crate_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(
-            "plugin `hello` is not registered: the crate `exec-server-plugin-hello` was not linked"
+            "`hello` is not registered: the crate `exec-server-plugin-hello` was not linked"
         ),
         "{stderr}"
     );

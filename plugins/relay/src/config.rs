@@ -1,12 +1,12 @@
-//! The `[relay]` table (RELAY §9.2) and its older `[remote]` alias, registered as plugins
-//! without methods so the tables are known, validated at start-up and printed by
+//! The `[relay]` table (RELAY §9.2) and its older `[remote]` alias, registered as
+//! configuration sections so the tables are known, validated at start-up and printed by
 //! `exec-server config`.
 
 use std::path::PathBuf;
 
 use exec_server_core::config::secret::{check_secret_file_mode, read_token_file};
 use exec_server_core::config::{secret_env, ConfigError, ConfigSource, SecretString};
-use exec_server_core::{Install, InstallError, Plugin};
+use exec_server_core::ConfigSection;
 use serde::{Deserialize, Serialize};
 
 /// Default variable holding the executor's bearer token.
@@ -15,27 +15,21 @@ pub const DEFAULT_TOKEN_ENV: &str = secret_env::RELAY_TOKEN_ENV;
 pub const LEGACY_TOKEN_ENV: &str = secret_env::LEGACY_RELAY_TOKEN_ENV;
 
 exec_server_core::inventory::submit! {
-    Plugin {
+    ConfigSection {
         name: "relay",
         summary: "remote mode: serve harness streams through a rendezvous (relay.url + relay.environment_id)",
-        methods: &[],
-        config: Some(exec_server_core::typed_section::<RelayConfig>),
-        install: install_nothing,
+        decode: exec_server_core::typed_section::<RelayConfig>,
+        switched_by: "the relay transport runs when `relay.url` is set and not otherwise",
     }
 }
 
 exec_server_core::inventory::submit! {
-    Plugin {
+    ConfigSection {
         name: "remote",
         summary: "older name of the [relay] table (url, environment_id, name, reconnect backoff in seconds)",
-        methods: &[],
-        config: Some(exec_server_core::typed_section::<RemoteAliasConfig>),
-        install: install_nothing,
+        decode: exec_server_core::typed_section::<RemoteAliasConfig>,
+        switched_by: "the relay transport runs when `remote.url` (or `relay.url`) is set and not otherwise",
     }
-}
-
-fn install_nothing(_: &mut Install<'_>) -> Result<(), InstallError> {
-    Ok(())
 }
 
 /// `[relay]`.

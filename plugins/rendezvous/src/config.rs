@@ -1,4 +1,4 @@
-//! The `[rendezvous]` table (RELAY §8.3, §8.9), registered as a plugin without methods so
+//! The `[rendezvous]` table (RELAY §8.3, §8.9), registered as a configuration section so
 //! the table is known, validated at start-up and printed (token digests redacted) by
 //! `exec-server config`.
 
@@ -6,22 +6,17 @@ use std::path::PathBuf;
 
 use exec_server_core::config::secret::check_secret_file_mode;
 use exec_server_core::config::{ConfigError, ConfigSource, REDACTED};
-use exec_server_core::{Install, InstallError, Plugin};
+use exec_server_core::ConfigSection;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 exec_server_core::inventory::submit! {
-    Plugin {
+    ConfigSection {
         name: "rendezvous",
         summary: "the self-hosted registry and rendezvous service (`exec-server rendezvous`)",
-        methods: &[],
-        config: Some(rendezvous_section),
-        install: install_nothing,
+        decode: rendezvous_section,
+        switched_by: "the rendezvous service runs only as `exec-server rendezvous`, never inside `exec-server serve`",
     }
-}
-
-fn install_nothing(_: &mut Install<'_>) -> Result<(), InstallError> {
-    Ok(())
 }
 
 /// Role a rendezvous token grants (§8.3).
