@@ -18,16 +18,9 @@ const CLI_SOURCE_NAME: &str = "command line";
 const CAPTURED_SOURCE_NAME: &str = "captured environment variable";
 
 /// One start-up configuration error: a complete `invalid config: …` line.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct ConfigError(pub String);
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// Values given as command-line flags; they win over every other layer.
 #[derive(Debug, Clone, Default)]

@@ -33,16 +33,9 @@ impl Default for DecodeLimits {
 }
 
 /// Why a message could not be decoded. The text is the `<detail>` of an id -1 reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct DecodeError(pub String);
-
-impl fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for DecodeError {}
 
 /// The `<detail>` for a message above `limits.max_message_bytes`.
 pub fn oversized_detail(limit: usize) -> String {

@@ -107,16 +107,9 @@ pub fn checked_section<T: CheckedSection>(
 }
 
 /// A plugin could not be installed; the server does not start.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct InstallError(pub String);
-
-impl std::fmt::Display for InstallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for InstallError {}
 
 impl From<ConfigError> for InstallError {
     fn from(e: ConfigError) -> Self {

@@ -19,16 +19,9 @@ use crate::metrics;
 use crate::plugin::{CapabilityDecl, EnvironmentInfoFn, ExtensionDecl, Install, Method, Plugin};
 
 /// Why the server cannot start.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct StartupError(pub String);
-
-impl std::fmt::Display for StartupError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StartupError {}
 
 impl From<ConfigError> for StartupError {
     fn from(e: ConfigError) -> Self {

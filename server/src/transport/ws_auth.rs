@@ -4,6 +4,7 @@
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use exec_server_config::secret::constant_time_eq;
 use exec_server_config::ws_auth::token_digest;
 use exec_server_config::WebsocketAuth;
 use jsonwebtoken::errors::ErrorKind;
@@ -144,13 +145,6 @@ fn check_jwt(
             _ => AuthFailure::InvalidJwt,
         }),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
