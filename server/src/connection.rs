@@ -3,7 +3,8 @@
 //! It reads whole messages in arrival order, decodes them under the limits of PROTOCOL
 //! §2.5, runs the handshake strictly in order (§2.9), gates every other method (§3.3) and
 //! dispatches requests concurrently, at most `dispatch.max_in_flight` at a time. Responses
-//! and plugin notifications share one bounded outbound queue, which the transport drains.
+//! and plugin notifications share the connection's one [`Outbound`] queue, which the
+//! transport drains (`crate::outbound`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -12,12 +13,12 @@ use std::task::Poll;
 
 use exec_server_proto::decode::oversized_detail;
 use exec_server_proto::initialize::{InitializeParams, InitializeResult, INITIALIZE, INITIALIZED};
-use exec_server_proto::jsonrpc::{encode_error, encode_result, parse_message};
+use exec_server_proto::jsonrpc::parse_message;
 use exec_server_proto::{Incoming, RequestId, RpcError};
 use futures_util::{FutureExt, Stream, StreamExt};
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -25,9 +26,10 @@ use tracing::Instrument;
 use crate::call::{Call, ConnectionShared};
 use crate::extensions::Extensions;
 use crate::metrics;
+use crate::outbound::Outbound;
 use crate::plugin::{decode_params, encode_result as encode_value};
 use crate::server::ServerContext;
-use crate::session::{Outbound, Session};
+use crate::session::Session;
 
 /// One unit a transport hands to the processor.
 #[derive(Debug)]
@@ -50,17 +52,15 @@ pub struct ConnectionInfo {
     /// `true`: the session is detached when the connection ends (WebSocket, relay);
     /// `false`: it ends with the connection (stdio).
     pub detach_on_close: bool,
-    /// Largest message this connection may send (relay streams, PROTOCOL §2.5).
-    pub max_outbound_bytes: Option<usize>,
 }
 
 /// Serves one connection until its inbound stream ends or the server shuts down. The
-/// transport drains `outbound` (bounded by `connection.outbound_queue_messages`).
+/// transport drains the other end of `outbound` (see [`ServerContext::outbound_queue`]).
 pub async fn serve_connection<S>(
     server: Arc<ServerContext>,
     info: ConnectionInfo,
     inbound: S,
-    outbound: mpsc::Sender<String>,
+    outbound: Outbound,
 ) where
     S: Stream<Item = Inbound> + Send + Unpin,
 {
@@ -86,7 +86,7 @@ pub async fn serve_connection<S>(
     let mut processor = Processor {
         in_flight: Arc::new(Semaphore::new(server.core.dispatch.max_in_flight)),
         server,
-        outbound: Outbound::new(outbound, info.max_outbound_bytes),
+        outbound,
         info,
         shared,
         session: None,
@@ -294,7 +294,7 @@ impl Processor {
                         tracing::debug!(code = error.code, message = %error.message, "request failed");
                     }
                 }
-                send_reply(&outbound, &id, result).await;
+                outbound.respond(&id, result).await;
             }
             .instrument(span),
         );
@@ -343,7 +343,7 @@ impl Processor {
     }
 
     async fn reply(&self, id: &RequestId, result: Result<Box<RawValue>, RpcError>) {
-        send_reply(&self.outbound, id, result).await;
+        self.outbound.respond(id, result).await;
     }
 
     async fn reply_untied(&self, error: RpcError) {
@@ -366,21 +366,6 @@ fn valid_traceparent(trace: &Value) -> Option<String> {
         && parts[2].bytes().any(|b| b != b'0')
         && hex(parts[3], 2);
     well_formed.then(|| text.to_owned())
-}
-
-/// Encodes and queues one response, waiting for room in the outbound queue.
-async fn send_reply(outbound: &Outbound, id: &RequestId, result: Result<Box<RawValue>, RpcError>) {
-    let mut frame = match &result {
-        Ok(raw) => encode_result(id, raw),
-        Err(error) => encode_error(id, error),
-    };
-    if let Some(limit) = outbound.max_bytes {
-        if frame.len() > limit {
-            frame = encode_error(id, &RpcError::response_too_large(frame.len(), limit));
-        }
-    }
-    // A closed queue means the connection is gone; its requests go unanswered (§3.5).
-    let _ = outbound.tx.send(frame).await;
 }
 
 #[cfg(test)]

@@ -7,25 +7,25 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
+use crate::outbound::OutboundDrain;
 use crate::server::ServerContext;
 
 /// One in-process connection. Dropping it ends the connection (its session detaches).
 pub struct InProcessConnection {
     to_server: mpsc::Sender<Inbound>,
-    from_server: mpsc::Receiver<String>,
+    from_server: OutboundDrain,
 }
 
 impl InProcessConnection {
     /// Opens a connection to `server`, served by a task on the current runtime.
     pub fn open(server: &Arc<ServerContext>) -> Self {
         let (to_server, mut inbound) = mpsc::channel(16);
-        let (outbound, from_server) = mpsc::channel(server.core.connection.outbound_queue_messages);
+        let (outbound, from_server) = server.outbound_queue(None);
         let info = ConnectionInfo {
             transport: "in-process",
             parse_error_prefix: "failed to parse JSON-RPC message from in-process connection"
                 .into(),
             detach_on_close: true,
-            max_outbound_bytes: None,
         };
         let stream = Box::pin(futures_util::stream::poll_fn(move |cx| {
             inbound.poll_recv(cx)

@@ -7,6 +7,7 @@
 //! * [`session`] — sessions that outlive connections: detach, resume, expiry (§3.4).
 //! * [`extensions`] — typed per-plugin state and the session-end hook.
 //! * [`connection`] — the transport-agnostic connection processor (§2.9, §3).
+//! * [`outbound`] — the one outbound path: encoding, size limit, opt-in filter, bounded queue.
 //! * [`server`] — the shared [`ServerContext`], listener registry, start-up and shutdown.
 //! * [`transport`] — the stdio and WebSocket listeners.
 //! * [`in_process`] — a connection without a transport, for tests and embedding.
@@ -28,6 +29,7 @@ pub mod helpers;
 pub mod hygiene;
 pub mod in_process;
 pub mod metrics;
+pub mod outbound;
 pub mod plugin;
 pub mod quota;
 pub mod router;

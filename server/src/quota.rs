@@ -160,14 +160,15 @@ impl Drop for QuotaLease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{Outbound, SessionRegistry};
+    use crate::outbound::outbound_queue;
+    use crate::session::SessionRegistry;
 
     static WIDGETS: Quota = Quota::new("test_widgets", "widgets", "test.max_widgets");
 
     fn session() -> Arc<Session> {
         let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
-        let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        registry.create(Outbound::new(tx, None)).0
+        let (outbound, _drain) = outbound_queue(1, None);
+        registry.create(outbound).0
     }
 
     #[test]

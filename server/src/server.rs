@@ -51,6 +51,19 @@ impl ServerContext {
         }))
     }
 
+    /// A new connection's outbound queue, holding `connection.outbound_queue_messages`
+    /// messages; `max_message_bytes` is the largest message the transport can carry, if it
+    /// has a limit of its own (relay streams). Every transport sends through one.
+    pub fn outbound_queue(
+        &self,
+        max_message_bytes: Option<usize>,
+    ) -> (crate::outbound::Outbound, crate::outbound::OutboundDrain) {
+        crate::outbound::outbound_queue(
+            self.core.connection.outbound_queue_messages,
+            max_message_bytes,
+        )
+    }
+
     /// True until shutdown begins.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)

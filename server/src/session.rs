@@ -5,78 +5,16 @@
 //! expired after `session.detached_ttl_ms`. Plugins keep per-session state in it and send
 //! notifications through it, to whichever connection it is attached to at that moment.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exec_server_proto::jsonrpc::encode_notification;
 use exec_server_proto::RpcError;
 use serde::Serialize;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::extensions::{Extensions, SessionState};
-
-/// The outbound queue of one connection: encoded JSON messages, bounded by
-/// `connection.outbound_queue_messages`, so a slow client makes its producers wait.
-#[derive(Clone)]
-pub struct Outbound {
-    pub(crate) tx: mpsc::Sender<String>,
-    /// Largest message this connection may send (relay streams only, PROTOCOL §2.5).
-    pub(crate) max_bytes: Option<usize>,
-    /// Extension notifications this connection did not opt in to: never sent to it,
-    /// because reference clients drop the connection on a notification they do not know.
-    pub(crate) blocked: Arc<HashSet<&'static str>>,
-}
-
-impl Outbound {
-    pub fn new(tx: mpsc::Sender<String>, max_bytes: Option<usize>) -> Self {
-        Self {
-            tx,
-            max_bytes,
-            blocked: Arc::default(),
-        }
-    }
-
-    /// The same queue, refusing the notifications in `blocked`.
-    pub(crate) fn blocking(&self, blocked: HashSet<&'static str>) -> Self {
-        Self {
-            blocked: Arc::new(blocked),
-            ..self.clone()
-        }
-    }
-
-    /// The encoded notification, or `None` (logged) when it cannot be sent on this
-    /// connection.
-    fn frame<P: Serialize + ?Sized>(&self, method: &str, params: &P) -> Option<String> {
-        if self.blocked.contains(method) {
-            tracing::debug!(
-                method,
-                "extension notification withheld: the client did not opt in"
-            );
-            return None;
-        }
-        let frame = match encode_notification(method, params) {
-            Ok(frame) => frame,
-            Err(e) => {
-                tracing::error!(method, error = %e, "failed to encode notification");
-                return None;
-            }
-        };
-        if let Some(limit) = self.max_bytes {
-            if frame.len() > limit {
-                tracing::error!(
-                    method,
-                    size = frame.len(),
-                    limit,
-                    "notification too large to send"
-                );
-                return None;
-            }
-        }
-        Some(frame)
-    }
-}
+pub use crate::outbound::Outbound;
 
 struct Attachment {
     /// Bumped on every attach, so a connection can tell it was superseded.
@@ -162,10 +100,7 @@ impl Session {
         let Some(outbound) = self.lock().outbound.clone() else {
             return false;
         };
-        let Some(frame) = outbound.frame(method, params) else {
-            return false;
-        };
-        outbound.tx.send(frame).await.is_ok()
+        outbound.notify(method, params).await
     }
 
     /// Like [`Session::notify`], but makes the params only once the outbound queue has
@@ -179,17 +114,7 @@ impl Session {
         let Some(outbound) = self.lock().outbound.clone() else {
             return false;
         };
-        if outbound.blocked.contains(method) {
-            return false;
-        }
-        let Ok(room) = outbound.tx.reserve().await else {
-            return false;
-        };
-        let Some(frame) = outbound.frame(method, &params()) else {
-            return false;
-        };
-        room.send(frame);
-        true
+        outbound.notify_with(method, params).await
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Attachment> {
@@ -317,11 +242,13 @@ impl SessionRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn outbound() -> (Outbound, mpsc::Receiver<String>) {
-        let (tx, rx) = mpsc::channel(4);
-        (Outbound::new(tx, None), rx)
+    use crate::outbound::{outbound_queue, OutboundDrain};
+
+    fn outbound() -> (Outbound, OutboundDrain) {
+        outbound_queue(4, None)
     }
 
     #[derive(Default)]
@@ -386,14 +313,14 @@ mod tests {
         assert!(!session.notify("ext/event", &serde_json::json!({})).await);
         assert!(session.notify("a/b", &serde_json::json!({})).await);
         assert_eq!(rx.recv().await.unwrap(), r#"{"method":"a/b","params":{}}"#);
-        assert!(rx.try_recv().is_err());
+        assert!(rx.try_recv().is_none());
     }
 
     #[tokio::test]
     async fn lazy_notifications_are_made_only_when_there_is_room() {
         let registry = SessionRegistry::new(Duration::from_secs(30));
-        let (tx, mut rx) = mpsc::channel(1);
-        let (session, generation) = registry.create(Outbound::new(tx, None));
+        let (out, mut rx) = outbound_queue(1, None);
+        let (session, generation) = registry.create(out);
         let made = Arc::new(AtomicUsize::new(0));
         let make = |n: u32| {
             let made = Arc::clone(&made);

@@ -179,11 +179,20 @@ async fn secrets_are_gone_from_the_server_environment_and_from_inheriting_childr
 }
 
 #[tokio::test]
-async fn the_server_is_non_dumpable_even_with_the_sandbox_plugin_switched_off() {
+async fn the_sandbox_cannot_be_switched_off_and_the_server_is_non_dumpable_at_its_weakest() {
+    // The switch that used to make the server non-dumpable lived in a `sandbox` plugin; the
+    // table is a configuration section now, and a switch for it stops the server.
+    let mut refused = as_unprivileged_user(&server_bin(), &["--listen", "stdio"]);
+    refused.env("EXEC_SERVER_PLUGINS__SANDBOX__ENABLED", "false");
+    let output = refused.output().await.expect("run the server");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("plugins.sandbox"), "{stderr}");
+
+    // The weakest sandbox setting still leaves the server itself hardened.
     let mut cmd = as_unprivileged_user(&server_bin(), &["--listen", "stdio"]);
     with_secret_environment(&mut cmd);
-    // The switch that used to make the server non-dumpable lived in this plugin.
-    cmd.env("EXEC_SERVER_PLUGINS__SANDBOX__ENABLED", "false");
+    cmd.env("EXEC_SERVER_SANDBOX__ENFORCEMENT", "best-effort");
     let mut client = Client::stdio_with(cmd);
     client.handshake().await;
     // The server itself (not `setpriv`, which it replaced by exec).

@@ -135,14 +135,15 @@ mod tests {
     use std::sync::mpsc;
     use std::sync::Arc;
 
-    use exec_server_core::session::{Outbound, SessionRegistry};
+    use exec_server_core::outbound::outbound_queue;
+    use exec_server_core::session::SessionRegistry;
 
     use super::*;
 
     fn session() -> Arc<Session> {
         let registry = SessionRegistry::new(Duration::from_secs(30));
-        let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        registry.create(Outbound::new(tx, None)).0
+        let (outbound, _drain) = outbound_queue(1, None);
+        registry.create(outbound).0
     }
 
     fn pool(per_session: usize, total: usize, timeout_ms: u64) -> BlockingPool {

@@ -139,7 +139,8 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use exec_server_core::session::{Outbound, SessionRegistry};
+    use exec_server_core::outbound::outbound_queue;
+    use exec_server_core::session::SessionRegistry;
     use exec_server_sandbox::SandboxConfig;
     use serde_json::json;
 
@@ -188,8 +189,8 @@ mod tests {
             sandbox: runtime().into(),
         };
         let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
-        let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        let (session, _) = registry.create(Outbound::new(tx, None));
+        let (outbound, _drain) = outbound_queue(1, None);
+        let (session, _) = registry.create(outbound);
         let ran = Arc::new(AtomicBool::new(false));
         let probe = Probe(Arc::clone(&ran));
         execute(&state, &session, probe, sandbox, top_level).await?;

@@ -126,9 +126,15 @@ impl Drop for RunningProcess {
 }
 
 impl Pump {
-    pub async fn run(mut self) {
-        let table = Arc::clone(&self.table);
+    /// Counts the process as running at once (so `/metrics` shows it before
+    /// `process/start` is answered), then pumps it on a task of its own.
+    pub fn spawn(self) {
         let running = RunningProcess::new();
+        tokio::spawn(self.run(running));
+    }
+
+    async fn run(mut self, running: RunningProcess) {
+        let table = Arc::clone(&self.table);
         let closed = tokio::select! {
             _ = table.ended() => false,
             _ = self.collect() => true,

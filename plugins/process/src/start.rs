@@ -127,7 +127,7 @@ pub(crate) async fn start(
         sandboxed_grace: (sandbox_type == SandboxType::LinuxSeccomp)
             .then(|| Duration::from_millis(plugin.sandbox.config().exit_output_grace_ms)),
     };
-    tokio::spawn(pump.run());
+    pump.spawn();
     Ok(StartResult {
         process_id: params.process_id,
         sandbox_type,

@@ -205,7 +205,8 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use exec_server_core::session::{Outbound, SessionRegistry};
+    use exec_server_core::outbound::outbound_queue;
+    use exec_server_core::session::SessionRegistry;
     use exec_server_core::Quota;
 
     static TEST_PROCESSES: Quota = Quota::new("test_processes", "processes", "test.max");
@@ -220,8 +221,8 @@ mod tests {
             std::sync::OnceLock::new();
         let session = SESSION.get_or_init(|| {
             let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
-            let (tx, _rx) = tokio::sync::mpsc::channel(1);
-            registry.create(Outbound::new(tx, None)).0
+            let (outbound, _drain) = outbound_queue(1, None);
+            registry.create(outbound).0
         });
         TEST_PROCESSES.acquire(session, usize::MAX, 1)
     }
@@ -279,7 +280,8 @@ mod tests {
 #[cfg(test)]
 mod quota_tests {
     use super::*;
-    use exec_server_core::session::{Outbound, SessionRegistry};
+    use exec_server_core::outbound::outbound_queue;
+    use exec_server_core::session::SessionRegistry;
     use exec_server_core::Quota;
 
     static LIMITED: Quota = Quota::new("test_limited_processes", "processes", "test.max");
@@ -287,8 +289,8 @@ mod quota_tests {
     #[test]
     fn a_start_refused_by_the_quota_reserves_nothing() {
         let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
-        let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        let session = registry.create(Outbound::new(tx, None)).0;
+        let (outbound, _drain) = outbound_queue(1, None);
+        let session = registry.create(outbound).0;
         let table = Arc::new(ProcessTable::new(None));
         let share = || LIMITED.acquire(&session, 1, 1);
         let mut first = table.reserve("a", share).unwrap();

@@ -805,15 +805,15 @@ impl Executor {
             Instant::now(),
         );
         let (to_app, app_rx) = mpsc::channel::<Bytes>(1);
-        let (app_tx, from_app) =
-            mpsc::channel::<String>(self.server.core.connection.outbound_queue_messages);
+        let (outbound, from_app) = self
+            .server
+            .outbound_queue(Some(self.server.core.limits.max_message_bytes));
         let info = ConnectionInfo {
             transport: "relay",
             parse_error_prefix: format!(
                 "failed to parse JSON-RPC message from exec-server relay stream {sid}"
             ),
             detach_on_close: true,
-            max_outbound_bytes: Some(self.server.core.limits.max_message_bytes),
         };
         let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
             rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))
@@ -822,13 +822,16 @@ impl Executor {
             Arc::clone(&self.server),
             info,
             inbound,
-            app_tx,
+            outbound,
         ));
         let end = drive_stream(
             machine,
             inbox,
             self.uplink.clone(),
-            AppSide { to_app, from_app },
+            AppSide {
+                to_app,
+                from_app: from_app.into_receiver(),
+            },
             Duration::from_millis(self.config.resume_grace_ms),
             ShutdownMode::Flush(self.server.shutdown.clone()),
         )

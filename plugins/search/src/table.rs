@@ -128,14 +128,15 @@ impl SessionSearches {
 
 #[cfg(test)]
 mod tests {
-    use exec_server_core::session::{Outbound, SessionRegistry};
+    use exec_server_core::outbound::outbound_queue;
+    use exec_server_core::session::SessionRegistry;
 
     use super::*;
 
     fn session() -> Arc<Session> {
         let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
-        let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        registry.create(Outbound::new(tx, None)).0
+        let (outbound, _drain) = outbound_queue(1, None);
+        registry.create(outbound).0
     }
 
     #[tokio::test]

@@ -4,10 +4,10 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
+use crate::outbound::OutboundDrain;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::mpsc;
 
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::router::StartupError;
@@ -95,30 +95,33 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(server.core.connection.outbound_queue_messages);
-    let writer = tokio::spawn(write_lines(rx, output));
+    let (outbound, drain) = server.outbound_queue(None);
+    let writer = tokio::spawn(write_lines(drain, output));
     let lines = LineReader::new(input, server.core.limits.max_message_bytes);
     let info = ConnectionInfo {
         transport: "stdio",
         parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".into(),
         detach_on_close: false,
-        max_outbound_bytes: None,
     };
-    serve_connection(Arc::clone(&server), info, Box::pin(lines.into_stream()), tx).await;
+    serve_connection(
+        Arc::clone(&server),
+        info,
+        Box::pin(lines.into_stream()),
+        outbound,
+    )
+    .await;
     // The stdio peer owns the server's lifetime (PROTOCOL §1.2).
     server.begin_shutdown();
     writer.abort();
 }
 
-/// Writes each message followed by `\n`, flushing whenever the queue is momentarily empty
-/// (so a burst costs one flush, and a lone message is flushed at once).
-async fn write_lines<W: AsyncWrite + Unpin>(mut rx: mpsc::Receiver<String>, output: W) {
+/// Writes each message followed by `\n`, one flush per batch (so a burst costs one
+/// flush, and a lone message is flushed at once).
+async fn write_lines<W: AsyncWrite + Unpin>(mut drain: OutboundDrain, output: W) {
     let mut out = BufWriter::with_capacity(64 * 1024, output);
-    while let Some(frame) = rx.recv().await {
-        if write_frame(&mut out, &frame).await.is_err() {
-            return;
-        }
-        while let Ok(frame) = rx.try_recv() {
+    let mut batch = Vec::new();
+    while drain.next_batch(&mut batch).await {
+        for frame in batch.drain(..) {
             if write_frame(&mut out, &frame).await.is_err() {
                 return;
             }

@@ -13,11 +13,12 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::authenticate;
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
+use crate::outbound::OutboundDrain;
 use crate::router::StartupError;
 use crate::server::{Listener, ListenerFailed, ListenerKind, ServerContext};
 
@@ -167,10 +168,10 @@ fn is_capacity_error(error: &axum::Error) -> bool {
 
 async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebSocket) {
     let (sink, stream) = socket.split();
-    let (tx, rx) = mpsc::channel(server.core.connection.outbound_queue_messages);
+    let (outbound, drain) = server.outbound_queue(None);
     let (close_tx, close_rx) = oneshot::channel();
     let ping_every = Duration::from_millis(server.core.websocket.ping_interval_ms);
-    let writer = tokio::spawn(write_messages(sink, rx, close_rx, ping_every));
+    let writer = tokio::spawn(write_messages(sink, drain, close_rx, ping_every));
 
     // Ends at Close, end of stream or the first error; an over-limit message closes with 1009.
     let too_big = Arc::new(AtomicBool::new(false));
@@ -203,9 +204,8 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
             "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
         ),
         detach_on_close: true,
-        max_outbound_bytes: None,
     };
-    serve_connection(Arc::clone(&server), info, Box::pin(inbound), tx).await;
+    serve_connection(Arc::clone(&server), info, Box::pin(inbound), outbound).await;
     let close_code = too_big.load(Ordering::SeqCst).then_some(CLOSE_TOO_BIG);
     let _ = close_tx.send(close_code);
     let _ = writer.await;
@@ -213,30 +213,30 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
 
 async fn write_messages(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
-    mut rx: mpsc::Receiver<String>,
+    mut drain: OutboundDrain,
     close_rx: oneshot::Receiver<Option<u16>>,
     ping_every: Duration,
 ) {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
+    let mut batch = Vec::new();
     loop {
         tokio::select! {
-            frame = rx.recv() => match frame {
-                Some(frame) => {
-                    // Queue everything already waiting, then flush once: a burst of
-                    // notifications costs one write instead of one per message.
-                    let mut batch = Some(frame);
-                    while let Some(frame) = batch.take().or_else(|| rx.try_recv().ok()) {
-                        if sink.feed(Message::Text(frame.into())).await.is_err() {
-                            return;
-                        }
-                    }
-                    if sink.flush().await.is_err() {
+            more = drain.next_batch(&mut batch) => {
+                // The connection ended; the reader reports how to close.
+                if !more {
+                    break;
+                }
+                // Feed the whole batch, then flush once: a burst of notifications costs
+                // one write instead of one per message.
+                for frame in batch.drain(..) {
+                    if sink.feed(Message::Text(frame.into())).await.is_err() {
                         return;
                     }
                 }
-                // The connection ended; the reader reports how to close.
-                None => break,
-            },
+                if sink.flush().await.is_err() {
+                    return;
+                }
+            }
             _ = ping.tick() => {
                 if sink.send(Message::Ping(Default::default())).await.is_err() {
                     return;
