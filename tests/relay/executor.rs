@@ -339,6 +339,13 @@ async fn executor_stopping_flushes_then_resets_streams_with_shutdown_and_exits_0
         .expect("the executor exits")
         .unwrap();
     assert_eq!(status.code(), Some(0));
+    // The proxy records the close when its own read of it completes, which may come after
+    // the executor has exited.
+    proxy
+        .wait_for("the executor's close to reach the proxy", |p| {
+            !p.closes(Side::Executor).is_empty()
+        })
+        .await;
     assert_eq!(proxy.closes(Side::Executor), [Some(1000)]);
 }
 
