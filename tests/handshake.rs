@@ -384,3 +384,112 @@ async fn stdio_session_cannot_be_taken_over() {
     assert!(ws.read_wire().await.is_none());
     assert_eq!(stdio.child().wait().await.unwrap().code(), Some(0));
 }
+
+/// Runs the server on `input` piped to its stdin (closed at the end, as `printf … |` does)
+/// and returns its exit code and every line it wrote.
+async fn piped_stdio_session(input: &str, env: &[(&str, &str)]) -> (Option<i32>, Vec<Value>) {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = crate::util::server_command(&["--listen", "stdio"]);
+    cmd.envs(env.iter().copied());
+    let mut child = cmd.spawn().expect("spawn the server");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the server exits after end of input")
+        .unwrap();
+    let lines = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON message per line"))
+        .collect();
+    (output.status.code(), lines)
+}
+
+/// `printf '<a whole session>' | exec-server --listen stdio`: end of input comes right
+/// after the last request, yet every request is answered and the output and exit of a
+/// process that finishes within the drain window are delivered, then the server exits 0.
+#[tokio::test]
+async fn end_of_input_on_stdio_answers_everything_already_received() {
+    let session = [
+        json!({"id": 1, "method": "initialize", "params": {"clientName": "piped"}}),
+        json!({"method": "initialized", "params": {}}),
+        json!({"id": 2, "method": "environment/status"}),
+        json!({"id": 3, "method": "process/start", "params": {
+            "processId": "p", "argv": ["sh", "-c", "echo first; sleep 0.3; echo second; exit 3"],
+            "cwd": "/", "env": {"PATH": "/usr/bin:/bin"}, "tty": false}}),
+        json!({"id": 4, "method": "fs/getMetadata", "params": {"path": "/"}}),
+    ]
+    .iter()
+    .map(|m| format!("{m}\n"))
+    .collect::<String>();
+    let (code, lines) = piped_stdio_session(&session, &[]).await;
+    assert_eq!(code, Some(0), "{lines:?}");
+    for id in 1..=4 {
+        let answer = lines.iter().find(|m| m["id"] == id);
+        assert!(
+            answer.is_some_and(|m| m.get("result").is_some()),
+            "request {id} unanswered: {lines:?}"
+        );
+    }
+    let output: String = lines
+        .iter()
+        .filter(|m| m["method"] == "process/output")
+        .map(|m| {
+            let chunk = m["params"]["chunk"].as_str().unwrap();
+            String::from_utf8(exec_server_core::proto::bytes::decode_base64(chunk).unwrap())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(output, "first\nsecond\n", "{lines:?}");
+    let exited = lines.iter().find(|m| m["method"] == "process/exited");
+    assert_eq!(exited.map(|m| &m["params"]["exitCode"]), Some(&json!(3)));
+    assert!(
+        lines.iter().any(|m| m["method"] == "process/closed"),
+        "{lines:?}"
+    );
+}
+
+/// The drain window bounds the wait: a process that outlives it is killed with the session
+/// and the server still exits 0 after answering what it received.
+#[tokio::test]
+async fn end_of_input_on_stdio_stops_waiting_at_the_drain_window() {
+    let marker = tempfile::NamedTempFile::new().unwrap();
+    let script = format!("echo $$ > {}; exec sleep 600", marker.path().display());
+    let session = [
+        json!({"id": 1, "method": "initialize", "params": {"clientName": "piped"}}),
+        json!({"method": "initialized", "params": {}}),
+        json!({"id": 2, "method": "process/start", "params": {
+            "processId": "long", "argv": ["sh", "-c", script],
+            "cwd": "/", "env": {"PATH": "/usr/bin:/bin"}, "tty": false}}),
+    ]
+    .iter()
+    .map(|m| format!("{m}\n"))
+    .collect::<String>();
+    let (code, lines) = piped_stdio_session(
+        &session,
+        &[("EXEC_SERVER_CONNECTION__STDIO_DRAIN_MS", "200")],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{lines:?}");
+    assert!(lines
+        .iter()
+        .any(|m| m["id"] == 2 && m.get("result").is_some()));
+    let pid: i32 = std::fs::read_to_string(marker.path())
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: signal 0 only checks whether the pid exists.
+    let alive = || unsafe { libc::kill(pid, 0) } == 0;
+    // Killed with the session; reaping it may take a moment after the server exited.
+    let deadline = std::time::Instant::now() + crate::util::STEP_TIMEOUT;
+    while alive() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the process outlived the server"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

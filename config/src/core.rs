@@ -185,12 +185,16 @@ impl Default for DispatchTable {
 #[serde(default, deny_unknown_fields)]
 pub struct ConnectionTable {
     pub outbound_queue_messages: usize,
+    /// After a stdio peer's end of input: how long requests already received may take to
+    /// be answered and running processes to finish before the server exits.
+    pub stdio_drain_ms: u64,
 }
 
 impl Default for ConnectionTable {
     fn default() -> Self {
         Self {
             outbound_queue_messages: 128,
+            stdio_drain_ms: 5_000,
         }
     }
 }

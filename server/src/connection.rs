@@ -52,6 +52,10 @@ pub struct ConnectionInfo {
     /// `true`: the session is detached when the connection ends (WebSocket, relay);
     /// `false`: it ends with the connection (stdio).
     pub detach_on_close: bool,
+    /// When the peer's input ends (not on shutdown): how long to keep answering requests
+    /// already received and to let the session's live work finish before the connection
+    /// closes (stdio, `connection.stdio_drain_ms`). `None`: close at once.
+    pub drain_on_end: Option<std::time::Duration>,
 }
 
 /// Serves one connection until its inbound stream ends or the server shuts down. The
@@ -126,7 +130,12 @@ impl Processor {
                 _ = shutdown.cancelled() => break,
                 next = inbound.next() => next,
             };
-            let Some(frame) = next else { break };
+            let Some(frame) = next else {
+                if let Some(window) = self.info.drain_on_end {
+                    self.drain(window).await;
+                }
+                break;
+            };
             match frame {
                 Inbound::Message(bytes) => self.handle_bytes(&bytes).await,
                 Inbound::Oversized => {
@@ -136,6 +145,35 @@ impl Processor {
                 }
             }
             while self.tasks.try_join_next().is_some() {}
+        }
+    }
+
+    /// The peer's input ended: answer the requests already received and let the session's
+    /// live work (running processes, searches) send its notifications, for at most
+    /// `window` or until shutdown. Whatever is left is then cut off by [`Self::finish`].
+    async fn drain(&mut self, window: std::time::Duration) {
+        /// How often the session is asked whether work is still under way.
+        const LIVE_WORK_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+        let deadline = tokio::time::Instant::now() + window;
+        let shutdown = self.server.shutdown.clone();
+        let answered = async {
+            while self.tasks.join_next().await.is_some() {}
+            let Some((session, _)) = &self.session else {
+                return;
+            };
+            while session.has_live_work() {
+                tokio::time::sleep(LIVE_WORK_POLL).await;
+            }
+        };
+        tokio::select! {
+            _ = answered => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::info!(
+                    transport = self.info.transport,
+                    "input ended; drain window over, cutting off what is still running"
+                );
+            }
+            _ = shutdown.cancelled() => {}
         }
     }
 

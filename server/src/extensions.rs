@@ -11,6 +11,13 @@ type Entry = (Arc<dyn Any + Send + Sync>, Option<Arc<dyn SessionState>>);
 /// process groups, close handles.
 pub trait SessionState: Any + Send + Sync {
     fn session_ended(&self) {}
+
+    /// `true` while this state has work under way that will still send the session
+    /// notifications (a running process, a running search). A stdio connection whose input
+    /// ended waits for it, within its drain window, before the session ends.
+    fn has_live_work(&self) -> bool {
+        false
+    }
 }
 
 /// One value per type.
@@ -72,6 +79,18 @@ impl Extensions {
                 .downcast()
                 .expect("entry stored under its own TypeId")
         })
+    }
+
+    /// Whether any state has [`SessionState::has_live_work`].
+    pub fn any_live_work(&self) -> bool {
+        let hooks: Vec<Arc<dyn SessionState>> = {
+            let entries = self.entries.lock().expect("extensions lock");
+            entries
+                .values()
+                .filter_map(|(_, hook)| hook.clone())
+                .collect()
+        };
+        hooks.iter().any(|state| state.has_live_work())
     }
 
     /// Removes every value, running the `session_ended` hooks.

@@ -26,6 +26,7 @@ impl InProcessConnection {
             parse_error_prefix: "failed to parse JSON-RPC message from in-process connection"
                 .into(),
             detach_on_close: true,
+            drain_on_end: None,
         };
         let stream = Box::pin(futures_util::stream::poll_fn(move |cx| {
             inbound.poll_recv(cx)

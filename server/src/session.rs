@@ -92,6 +92,12 @@ impl Session {
         self.lock().generation
     }
 
+    /// Whether a plugin still has work under way for this session that will send
+    /// notifications ([`SessionState::has_live_work`]).
+    pub fn has_live_work(&self) -> bool {
+        self.extensions.any_live_work()
+    }
+
     /// Sends a notification to the attached connection, waiting for room in its outbound
     /// queue (back-pressure). Returns `false` when nothing was sent: the session is
     /// detached (notifications are not produced then, PROTOCOL §3.4), the connection went

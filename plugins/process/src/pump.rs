@@ -33,7 +33,7 @@ use tokio::io::Interest;
 use crate::keeper::{exit_code, Report, RECORD_BYTES};
 use crate::managed::ManagedProcess;
 use crate::sys;
-use crate::table::ProcessTable;
+use crate::table::{CollectingGuard, ProcessTable};
 
 /// The most bytes one `read(2)` asks for, and so the largest chunk whatever
 /// `process.output_chunk_bytes` says: more than a pipe holds by default (64 KiB).
@@ -129,11 +129,11 @@ impl Pump {
     /// Counts the process as running at once (so `/metrics` shows it before
     /// `process/start` is answered), then pumps it on a task of its own.
     pub fn spawn(self) {
-        let running = RunningProcess::new();
+        let running = (RunningProcess::new(), self.table.collecting());
         tokio::spawn(self.run(running));
     }
 
-    async fn run(mut self, running: RunningProcess) {
+    async fn run(mut self, running: (RunningProcess, CollectingGuard)) {
         let table = Arc::clone(&self.table);
         let closed = tokio::select! {
             _ = table.ended() => false,

@@ -2,7 +2,7 @@
 //! started, id reservation and release, and killing everything when the session ends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use exec_server_core::proto::RpcError;
@@ -39,6 +39,9 @@ pub(crate) struct ProcessTable {
     ended: CancellationToken,
     /// Every keeper of the session not reaped yet, including those of removed processes.
     pub keepers: Arc<KeeperRegistry>,
+    /// Processes whose output is still being collected: until their `process/closed` is
+    /// queued they will send notifications.
+    collecting: Arc<AtomicUsize>,
     /// The session's share of the server's retained output budget; `None` in unit tests.
     pub output_budget: Option<SessionBudget>,
     /// The session's key at the spawner, where sessions take turns.
@@ -52,6 +55,7 @@ impl ProcessTable {
             slots: Mutex::default(),
             ended: CancellationToken::new(),
             keepers: Arc::default(),
+            collecting: Arc::default(),
             output_budget,
             spawn_owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
         }
@@ -119,6 +123,12 @@ impl ProcessTable {
         }
     }
 
+    /// Counts one process as collecting output until the guard is dropped.
+    pub fn collecting(&self) -> CollectingGuard {
+        self.collecting.fetch_add(1, Ordering::SeqCst);
+        CollectingGuard(Arc::clone(&self.collecting))
+    }
+
     /// Resolves when the session has ended.
     pub fn ended(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.ended.cancelled()
@@ -129,7 +139,25 @@ impl ProcessTable {
     }
 }
 
+/// One process whose output is still being collected (see [`ProcessTable::collecting`]).
+pub(crate) struct CollectingGuard(Arc<AtomicUsize>);
+
+impl Drop for CollectingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl SessionState for ProcessTable {
+    /// A process is starting, or one has not sent its `process/closed` yet.
+    fn has_live_work(&self) -> bool {
+        self.collecting.load(Ordering::SeqCst) > 0
+            || self
+                .slots()
+                .values()
+                .any(|slot| matches!(slot, Slot::Starting(_)))
+    }
+
     /// Session expiry, stdio end or shutdown: SIGKILL every process group that may still
     /// have members, make every keeper kill its tree, and cancel pending starts.
     fn session_ended(&self) {

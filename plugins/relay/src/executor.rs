@@ -814,6 +814,7 @@ impl Executor {
                 "failed to parse JSON-RPC message from exec-server relay stream {sid}"
             ),
             detach_on_close: true,
+            drain_on_end: None,
         };
         let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
             rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))

@@ -60,6 +60,11 @@ pub(crate) struct SessionSearches {
 }
 
 impl SessionState for SessionSearches {
+    /// A search is registered until its `search/done` is queued.
+    fn has_live_work(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
     /// Nobody can receive the results any more: stop every search.
     fn session_ended(&self) {
         for search in self.lock().values() {

@@ -3,6 +3,7 @@
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::outbound::OutboundDrain;
 use async_trait::async_trait;
@@ -96,12 +97,13 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (outbound, drain) = server.outbound_queue(None);
-    let writer = tokio::spawn(write_lines(drain, output));
+    let mut writer = tokio::spawn(write_lines(drain, output));
     let lines = LineReader::new(input, server.core.limits.max_message_bytes);
     let info = ConnectionInfo {
         transport: "stdio",
         parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".into(),
         detach_on_close: false,
+        drain_on_end: Some(Duration::from_millis(server.core.connection.stdio_drain_ms)),
     };
     serve_connection(
         Arc::clone(&server),
@@ -110,10 +112,20 @@ where
         outbound,
     )
     .await;
-    // The stdio peer owns the server's lifetime (PROTOCOL §1.2).
+    // The stdio peer owns the server's lifetime (PROTOCOL §1.2). The connection and its
+    // session have let go of the queue, so the writer ends once it has written and flushed
+    // what is queued; a peer that no longer reads gets a bounded wait, not a hang.
     server.begin_shutdown();
-    writer.abort();
+    if tokio::time::timeout(FINAL_FLUSH, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
 }
+
+/// Longest wait for the last answers to be written after the connection ended.
+const FINAL_FLUSH: Duration = Duration::from_secs(5);
 
 /// Writes each message followed by `\n`, one flush per batch (so a burst costs one
 /// flush, and a lone message is flushed at once).

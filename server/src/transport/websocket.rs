@@ -204,6 +204,7 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
             "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
         ),
         detach_on_close: true,
+        drain_on_end: None,
     };
     serve_connection(Arc::clone(&server), info, Box::pin(inbound), outbound).await;
     let close_code = too_big.load(Ordering::SeqCst).then_some(CLOSE_TOO_BIG);
