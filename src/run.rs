@@ -309,6 +309,10 @@ async fn run(args: RunArgs, config: Option<&Path>) -> Result<u8, Failure> {
     };
     drop(raw_mode);
     outcome?;
+    // Done: free the session now rather than leaving it detached until it expires.
+    if let Err(error) = client.close_session().await {
+        tracing::debug!(%error, "session/close failed");
+    }
     Ok(match exit_code {
         Some(code) => u8::try_from(code).unwrap_or(u8::MAX),
         None => EXIT_RUN_FAILED,

@@ -493,3 +493,116 @@ async fn end_of_input_on_stdio_stops_waiting_at_the_drain_window() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Waits until no process with `pid` exists any more.
+async fn wait_until_gone(pid: i32) {
+    let deadline = std::time::Instant::now() + crate::util::STEP_TIMEOUT;
+    // SAFETY: signal 0 only checks whether the pid exists.
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} still runs"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts `sleep 600` and returns its pid.
+async fn start_sleeper(client: &mut Client, process_id: &str) -> i32 {
+    let marker = tempfile::NamedTempFile::new().unwrap();
+    let script = format!("echo $$ > {}; exec sleep 600", marker.path().display());
+    client
+        .call(
+            "process/start",
+            json!({"processId": process_id, "argv": ["sh", "-c", script], "cwd": "/",
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+        )
+        .await;
+    let deadline = std::time::Instant::now() + crate::util::STEP_TIMEOUT;
+    loop {
+        if let Ok(pid) = std::fs::read_to_string(marker.path())
+            .unwrap()
+            .trim()
+            .parse()
+        {
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no pid written");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+// A client that is done says so: the session ends at once (its processes are killed), the
+// answer is `{}`, and the server closes the connection.
+both_transports!(
+    session_close_ends_the_session_at_once,
+    |mut client: Client| async move {
+        let err = client.call_err("session/close", json!({})).await;
+        assert_error(
+            &err,
+            -32600,
+            "client must call initialize before using session methods",
+        );
+        client.handshake().await;
+        let pid = start_sleeper(&mut client, "sleeper").await;
+        assert_eq!(client.call("session/close", json!({})).await, json!({}));
+        wait_until_gone(pid).await;
+        assert_eq!(
+            client.read_wire().await,
+            None,
+            "the server closes the connection"
+        );
+    }
+);
+
+/// Over a websocket the closed session cannot be resumed (it is gone, not detached).
+#[tokio::test]
+async fn a_closed_session_cannot_be_resumed() {
+    let server = WsServer::start(&[]).await;
+    let mut client = server.connect().await;
+    let session_id = client.handshake().await;
+    assert_eq!(client.call("session/close", json!({})).await, json!({}));
+    let mut again = server.connect().await;
+    let err = again
+        .call_err(
+            "initialize",
+            json!({"clientName": "t", "resumeSessionId": session_id}),
+        )
+        .await;
+    assert_error(&err, -32600, &format!("unknown session id {session_id}"));
+}
+
+/// `exec-server run` closes its session when the command is done, so nothing lingers
+/// detached on the server.
+#[tokio::test]
+async fn run_closes_its_session_when_done() {
+    let server = WsServer::start(&[]).await;
+    let output = tokio::process::Command::new(crate::util::server_bin())
+        .args([
+            "run",
+            "--url",
+            &server.url,
+            "--no-stdin",
+            "--",
+            "sh",
+            "-c",
+            "echo done",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "done\n");
+    assert_eq!(output.status.code(), Some(0));
+    let (_, body) = crate::util::http_body(&server.http_base(), "/metrics", "").await;
+    for state in ["attached", "detached"] {
+        assert_eq!(
+            crate::websocket::prometheus_value(
+                &body,
+                &format!("exec_server_sessions{{state=\"{state}\"}}")
+            ),
+            Some(0.0),
+            "{body}"
+        );
+    }
+}

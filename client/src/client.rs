@@ -259,6 +259,16 @@ impl ExecServerClient {
         self.request(method, &params, Retry::Once).await
     }
 
+    /// [ext] `session/close`: tells the server this client is done, so it ends the session
+    /// at once (its processes are killed) instead of keeping it detached for a resume; the
+    /// server then closes the connection. Not repeated after a reconnect.
+    pub async fn close_session(&self) -> Result<(), ExecServerError> {
+        let _: Value = self
+            .request("session/close", &serde_json::json!({}), Retry::Once)
+            .await?;
+        Ok(())
+    }
+
     // ---- process/* (PROTOCOL §4) ----------------------------------------------------
 
     /// `process/start`: starts a process and follows its events.

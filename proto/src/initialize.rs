@@ -1,4 +1,5 @@
-//! `initialize` and `initialized` (PROTOCOL §3.1–§3.2, CODEX-0169 §2.2).
+//! `initialize` and `initialized` (PROTOCOL §3.1–§3.2, CODEX-0169 §2.2), and the
+//! `session/close` extension that ends a session.
 
 use serde::{Deserialize, Serialize};
 
@@ -8,6 +9,10 @@ use crate::environment::EnvironmentInfo;
 pub const INITIALIZE: &str = "initialize";
 /// Method name of the handshake notification.
 pub const INITIALIZED: &str = "initialized";
+/// [ext] A client that is done ends its session at once (processes killed, state freed)
+/// and the connection closes after the answer, instead of leaving a detached session to
+/// expire. Answered `{}`.
+pub const SESSION_CLOSE: &str = "session/close";
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]

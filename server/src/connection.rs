@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use exec_server_proto::decode::oversized_detail;
-use exec_server_proto::initialize::{InitializeParams, InitializeResult, INITIALIZE, INITIALIZED};
+use exec_server_proto::initialize::{
+    InitializeParams, InitializeResult, INITIALIZE, INITIALIZED, SESSION_CLOSE,
+};
 use exec_server_proto::jsonrpc::parse_message;
 use exec_server_proto::{Incoming, RequestId, RpcError};
 use futures_util::{FutureExt, Stream, StreamExt};
@@ -96,6 +98,7 @@ pub async fn serve_connection<S>(
         session: None,
         extensions: Arc::from(Vec::new()),
         initialized: false,
+        closed_by_client: false,
         tasks: JoinSet::new(),
     };
     tracing::debug!(transport = processor.info.transport, "connection opened");
@@ -115,6 +118,8 @@ struct Processor {
     extensions: Arc<[String]>,
     /// `initialized` was accepted: the connection is in the normal phase.
     initialized: bool,
+    /// The client closed its session (`session/close`): the connection ends after the answer.
+    closed_by_client: bool,
     /// `dispatch.max_in_flight`: when no permit is left the reader pauses (back-pressure).
     in_flight: Arc<Semaphore>,
     /// Running requests; aborted when the connection ends, so they are never answered.
@@ -145,6 +150,9 @@ impl Processor {
                 }
             }
             while self.tasks.try_join_next().is_some() {}
+            if self.closed_by_client {
+                break;
+            }
         }
     }
 
@@ -245,6 +253,10 @@ impl Processor {
         if method == INITIALIZE {
             let result = self.initialize(params);
             self.server.initialize_metrics.record(result.is_ok());
+            return self.reply(&id, result).await;
+        }
+        if method == SESSION_CLOSE {
+            let result = self.close_session();
             return self.reply(&id, result).await;
         }
         let Some(route) = self.server.router.get(&method) else {
@@ -378,6 +390,32 @@ impl Processor {
             .collect();
         self.session = Some((session, generation));
         encode_value(&result)
+    }
+
+    /// `session/close`: ends the session now — requests still running are dropped
+    /// unanswered, every plugin's session state is released (processes are killed) — and
+    /// marks the connection to end once the answer is queued.
+    fn close_session(&mut self) -> Result<Box<RawValue>, RpcError> {
+        const FAMILY: &str = "session";
+        let Some((session, generation)) = &self.session else {
+            return Err(RpcError::not_initialized(FAMILY));
+        };
+        if session.generation() != *generation {
+            return Err(RpcError::session_resumed_elsewhere());
+        }
+        if !self.initialized {
+            return Err(RpcError::not_initialized_notification(FAMILY));
+        }
+        self.tasks.abort_all();
+        tracing::info!(
+            transport = self.info.transport,
+            session = %session.id(),
+            "session closed by the client"
+        );
+        self.server.sessions.end(session);
+        self.session = None;
+        self.closed_by_client = true;
+        encode_value(&serde_json::json!({}))
     }
 
     async fn reply(&self, id: &RequestId, result: Result<Box<RawValue>, RpcError>) {

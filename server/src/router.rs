@@ -12,7 +12,7 @@ use std::sync::Arc;
 use exec_server_config::core::CORE_TABLES;
 use exec_server_config::{ConfigError, ConfigSource, CoreConfig};
 use exec_server_proto::environment::Capabilities;
-use exec_server_proto::initialize::{INITIALIZE, INITIALIZED};
+use exec_server_proto::initialize::{INITIALIZE, INITIALIZED, SESSION_CLOSE};
 
 use crate::config_section::ConfigSection;
 use crate::metrics;
@@ -73,7 +73,7 @@ impl MethodPlan {
                 )));
             }
             for method in plugin.methods {
-                if method.name == INITIALIZE || method.name == INITIALIZED {
+                if [INITIALIZE, INITIALIZED, SESSION_CLOSE].contains(&method.name) {
                     return Err(StartupError(format!(
                         "plugin `{}` may not register `{}`",
                         plugin.name, method.name

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::extensions::{Extensions, SessionState};
+use crate::metrics;
 pub use crate::outbound::Outbound;
 
 struct Attachment {
@@ -132,13 +133,26 @@ impl Session {
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     detached_ttl: Duration,
+    /// `exec_server_sessions{state="attached"}`.
+    attached: metrics::Gauge,
+    /// `exec_server_sessions{state="detached"}`: waiting for a resume or their expiry.
+    detached: metrics::Gauge,
 }
 
 impl SessionRegistry {
     pub fn new(detached_ttl: Duration) -> Arc<Self> {
+        let gauge = |state| {
+            metrics::gauge(
+                "exec_server_sessions",
+                "Sessions open now, attached to a connection or detached.",
+                &[("state", state)],
+            )
+        };
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             detached_ttl,
+            attached: gauge("attached"),
+            detached: gauge("detached"),
         })
     }
 
@@ -147,6 +161,7 @@ impl SessionRegistry {
         let id = uuid::Uuid::new_v4().to_string();
         let session = Arc::new(Session::new(id.clone(), outbound));
         self.lock().insert(id, Arc::clone(&session));
+        self.attached.inc();
         (session, 1)
     }
 
@@ -174,6 +189,8 @@ impl SessionRegistry {
         attachment.deadline = None;
         let generation = attachment.generation;
         drop(attachment);
+        self.detached.dec();
+        self.attached.inc();
         Ok((session, generation))
     }
 
@@ -189,6 +206,8 @@ impl SessionRegistry {
             attachment.outbound = None;
             attachment.deadline = Some(deadline);
         }
+        self.attached.dec();
+        self.detached.inc();
         tracing::debug!(session = %session.id, "session detached");
         let registry = Arc::downgrade(self);
         let session = Arc::downgrade(session);
@@ -216,7 +235,12 @@ impl SessionRegistry {
                 return;
             }
             attachment.ended = true;
-            attachment.outbound = None;
+            let was_attached = attachment.outbound.take().is_some();
+            if was_attached {
+                self.attached.dec();
+            } else {
+                self.detached.dec();
+            }
         }
         self.lock().remove(&session.id);
         session.extensions.end_all();
