@@ -324,13 +324,22 @@ async fn write_all(out: &mut (impl AsyncWriteExt + Unpin), bytes: &[u8]) -> std:
     out.flush().await
 }
 
-/// Forwards local stdin until it ends or the remote side stops accepting input.
+/// Forwards local stdin until it ends (then the remote stdin is closed too, so `echo hi |
+/// exec-server run -- cat` ends) or the remote side stops accepting input.
 async fn forward_input(control: ProcessControl) {
     let mut stdin = tokio::io::stdin();
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
         let n = match stdin.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) => {
+                // A terminal has no end of input to forward (its ^D is forwarded as a byte),
+                // and a server without the extension answers -32601: nothing more to do.
+                if let Err(error) = control.close_stdin().await {
+                    tracing::debug!(%error, "process/closeStdin failed");
+                }
+                return;
+            }
+            Err(_) => return,
             Ok(n) => n,
         };
         match control.write(&buffer[..n]).await {

@@ -1111,3 +1111,45 @@ async fn a_wss_url_is_reached_over_tls() {
         .expect_err("no TLS server");
     assert!(matches!(error, ExecServerError::Connect(_)), "{error:?}");
 }
+
+/// `echo hi | exec-server run -- cat` ends: the end of local stdin reaches the remote
+/// process, and a large input arrives byte for byte.
+#[tokio::test]
+async fn run_forwards_end_of_input_and_copies_stdin_exactly() {
+    use tokio::io::AsyncWriteExt;
+    let server = WsServer::start(&[]).await;
+    let mut command = run_command(&["--url", &server.url, "--", "cat"]);
+    command.stdin(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hi\n").await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(STEP_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("run ends after end of input")
+        .unwrap();
+    assert_eq!(output.stdout, b"hi\n");
+    assert_eq!(output.status.code(), Some(0));
+
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy");
+    let input: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let script = format!("cat > {}", copy.display());
+    let mut command = run_command(&["--url", &server.url, "--", "sh", "-c", &script]);
+    command.stdin(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = tokio::spawn(async move {
+        stdin.write_all(&input).await.unwrap();
+        input
+    });
+    let output = tokio::time::timeout(STEP_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("run ends after end of input")
+        .unwrap();
+    let input = writer.await.unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(std::fs::read(&copy).unwrap() == input, "the copy differs");
+}

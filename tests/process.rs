@@ -1080,3 +1080,90 @@ async fn children_start_with_the_descriptor_limit_the_server_started_with() {
     let (text, _) = output_until(&mut client, "limits", "\n").await;
     assert_eq!(text.trim(), "1000");
 }
+
+// [ext] `process/closeStdin`: the child reads end of input after every earlier write; later
+// writes and closes answer `stdinClosed`; a terminal refuses it with the way to do it.
+both_transports!(
+    close_stdin_gives_the_child_end_of_input,
+    |mut client: Client| async move {
+        client.handshake().await;
+        let status = |v: Value| v["status"].as_str().unwrap().to_owned();
+        assert_eq!(
+            status(
+                client
+                    .call("process/closeStdin", json!({"processId": "nope"}))
+                    .await
+            ),
+            "unknownProcess"
+        );
+        start(
+            &mut client,
+            with(
+                start_params("cat", &["sh", "-c", "cat; echo after-eof"], false),
+                json!({"pipeStdin": true}),
+            ),
+        )
+        .await;
+        let chunk = b64(b"abc\n");
+        let write = client
+            .call("process/write", json!({"processId": "cat", "chunk": chunk}))
+            .await;
+        assert_eq!(status(write), "accepted");
+        let closed = client
+            .call("process/closeStdin", json!({"processId": "cat"}))
+            .await;
+        assert_eq!(status(closed), "accepted");
+        let (text, code, _, _) = until_closed(&mut client, "cat").await;
+        assert_eq!(text, "abc\nafter-eof\n");
+        assert_eq!(code, 0);
+        let again = client
+            .call("process/closeStdin", json!({"processId": "cat"}))
+            .await;
+        assert_eq!(status(again), "stdinClosed");
+
+        // Without pipeStdin the stdin is at end of input from the start.
+        start(&mut client, start_params("nopipe", &["true"], false)).await;
+        let closed = client
+            .call("process/closeStdin", json!({"processId": "nopipe"}))
+            .await;
+        assert_eq!(status(closed), "stdinClosed");
+        until_closed(&mut client, "nopipe").await;
+
+        start(&mut client, start_params("tty", &["sleep", "30"], true)).await;
+        let err = client
+            .call_err("process/closeStdin", json!({"processId": "tty"}))
+            .await;
+        assert_error(
+        &err,
+        -32600,
+        "process tty runs on a terminal: write its end-of-file character (^D) with process/write instead",
+    );
+    }
+);
+
+/// A write queued behind the close answers `stdinClosed`, never an I/O error.
+#[tokio::test]
+async fn writes_after_close_stdin_answer_stdin_closed() {
+    let mut client = Client::stdio(&[]).await;
+    client.handshake().await;
+    start(
+        &mut client,
+        with(
+            start_params("p", &["sh", "-c", "cat >/dev/null; sleep 5"], false),
+            json!({"pipeStdin": true}),
+        ),
+    )
+    .await;
+    let closed = client
+        .call("process/closeStdin", json!({"processId": "p"}))
+        .await;
+    assert_eq!(closed["status"], "accepted");
+    let write = client
+        .call(
+            "process/write",
+            json!({"processId": "p", "chunk": b64(b"late")}),
+        )
+        .await;
+    assert_eq!(write["status"], "stdinClosed");
+    assert_eq!(write["accepted"], false);
+}

@@ -18,8 +18,9 @@ use exec_server_proto::fs::{
     RemoveParams, WalkParams, WalkResult, WriteFileParams,
 };
 use exec_server_proto::process::{
-    ReadParams, ReadResult, ResizeParams, SandboxType, Signal, SignalParams, StartParams,
-    TerminateParams, TerminateResult, WriteParams, WriteResult, WriteStatus,
+    CloseStdinParams, CloseStdinResult, ReadParams, ReadResult, ResizeParams, SandboxType, Signal,
+    SignalParams, StartParams, TerminateParams, TerminateResult, WriteParams, WriteResult,
+    WriteStatus,
 };
 use exec_server_proto::{fs, process};
 use exec_server_relay_core::harness::RelayConnectArgs;
@@ -388,6 +389,21 @@ impl ExecServerClient {
             .request(process::TERMINATE, &params, Retry::Resend)
             .await?;
         Ok(result.running)
+    }
+
+    /// [ext] `process/closeStdin`: the process reads end of input once every earlier write
+    /// is in. Repeated after a reconnect (closing twice answers `stdinClosed`).
+    pub async fn process_close_stdin(
+        &self,
+        process_id: &str,
+    ) -> Result<WriteStatus, ExecServerError> {
+        let params = CloseStdinParams {
+            process_id: process_id.to_owned(),
+        };
+        let result: CloseStdinResult = self
+            .request(process::CLOSE_STDIN, &params, Retry::Resend)
+            .await?;
+        Ok(result.status)
     }
 
     // ---- fs/* (PROTOCOL §5) ---------------------------------------------------------

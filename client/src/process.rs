@@ -246,6 +246,12 @@ impl ProcessControl {
             .await
     }
 
+    /// [ext] Closes the process's stdin after every write made so far: it reads end of
+    /// input (`process/closeStdin`).
+    pub async fn close_stdin(&self) -> Result<WriteStatus, ExecServerError> {
+        self.client.process_close_stdin(&self.id).await
+    }
+
     /// Sends a signal to the process group (PROTOCOL §4.8).
     pub async fn signal(&self, signal: Signal) -> Result<(), ExecServerError> {
         self.client.process_signal(&self.id, signal).await

@@ -11,6 +11,8 @@ pub const WRITE: &str = "process/write";
 pub const SIGNAL: &str = "process/signal";
 pub const RESIZE: &str = "process/resize";
 pub const TERMINATE: &str = "process/terminate";
+/// [ext] Closes a pipe-mode process's stdin, so it reads end of input.
+pub const CLOSE_STDIN: &str = "process/closeStdin";
 pub const OUTPUT: &str = "process/output";
 pub const EXITED: &str = "process/exited";
 pub const CLOSED: &str = "process/closed";
@@ -139,6 +141,21 @@ pub enum WriteStatus {
     UnknownProcess,
     Starting,
     StdinClosed,
+}
+
+/// [ext] `process/closeStdin` params.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloseStdinParams {
+    pub process_id: String,
+}
+
+/// [ext] `process/closeStdin` result: `accepted` (closed now, after every earlier write),
+/// `stdinClosed` (already closed, or started without `pipeStdin`), `unknownProcess`,
+/// `starting`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct CloseStdinResult {
+    pub status: WriteStatus,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

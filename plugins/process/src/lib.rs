@@ -3,7 +3,8 @@
 //! deduplicated writes, signals, resizing and termination.
 //!
 //! * [`config`] — the `[process]` table.
-//! * `start`, `read`, `write`, `signal`, `resize`, `terminate` — one module per method.
+//! * `start`, `read`, `write` (and `closeStdin`), `signal`, `resize`, `terminate` — one
+//!   module per method.
 //! * `admission` — fair share before a request goes ahead: the session's process and
 //!   pending-write quotas, the descriptor reserve.
 //! * `table` — the per-session process table: reservation, lookup, kill on session end.
@@ -46,7 +47,7 @@ mod write;
 use std::sync::Arc;
 
 use exec_server_core::proto::process::{
-    FAMILY_LABEL, READ, RESIZE, SIGNAL, START, TERMINATE, WRITE,
+    CLOSE_STDIN, FAMILY_LABEL, READ, RESIZE, SIGNAL, START, TERMINATE, WRITE,
 };
 use exec_server_core::{checked_section, Call, Install, InstallError, MethodDecl, Plugin};
 use serde::Deserialize;
@@ -57,7 +58,7 @@ pub use read::WireBytes;
 exec_server_core::inventory::submit! {
     Plugin {
         name: "process",
-        summary: "managed processes: start, read, write, signal, resize, terminate",
+        summary: "managed processes: start, read, write, closeStdin, signal, resize, terminate",
         methods: &[
             MethodDecl { name: START, family: FAMILY_LABEL },
             MethodDecl { name: READ, family: FAMILY_LABEL },
@@ -65,6 +66,7 @@ exec_server_core::inventory::submit! {
             MethodDecl { name: SIGNAL, family: FAMILY_LABEL },
             MethodDecl { name: RESIZE, family: FAMILY_LABEL },
             MethodDecl { name: TERMINATE, family: FAMILY_LABEL },
+            MethodDecl { name: CLOSE_STDIN, family: FAMILY_LABEL },
         ],
         config: Some(checked_section::<ProcessConfig>),
         install,
@@ -115,6 +117,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.method_with(SIGNAL, &plugin, signal::signal);
     install.method_with(RESIZE, &plugin, resize::resize);
     install.method_with(TERMINATE, &plugin, terminate::terminate);
+    install.method_with(CLOSE_STDIN, &plugin, write::close_stdin);
     Ok(())
 }
 

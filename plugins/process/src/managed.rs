@@ -52,6 +52,8 @@ pub(crate) struct ManagedProcess {
 struct StdinWriter {
     sink: Option<Arc<AsyncFd<OwnedFd>>>,
     history: WriteIdHistory,
+    /// `process/closeStdin` closed the sink: later writes answer `stdinClosed`.
+    closed_by_client: bool,
 }
 
 /// What a process is started with, besides its id.
@@ -95,6 +97,7 @@ impl ManagedProcess {
                 writer: tokio::sync::Mutex::new(StdinWriter {
                     sink: stdin,
                     history: WriteIdHistory::new(write_id_history),
+                    closed_by_client: false,
                 }),
                 events: Mutex::new(EventLog::new(retention, account)),
                 changed: watch::Sender::new(0),
@@ -186,10 +189,14 @@ impl ManagedProcess {
 
     /// Steps 3–6 of §4.7 for a process whose stdin can be written: waits for earlier writes,
     /// deduplicates by `write_id`, writes every byte.
-    pub async fn write(&self, data: &[u8], write_id: Option<&str>) -> Result<(), RpcError> {
+    /// `Ok(false)`: stdin was closed by `process/closeStdin` before this write's turn.
+    pub async fn write(&self, data: &[u8], write_id: Option<&str>) -> Result<bool, RpcError> {
         let mut writer = self.writer.lock().await;
         if write_id.is_some_and(|id| writer.history.contains(id)) {
-            return Ok(());
+            return Ok(true);
+        }
+        if writer.closed_by_client {
+            return Ok(false);
         }
         let sink = match &writer.sink {
             Some(sink) if self.exit_code().is_none() => Arc::clone(sink),
@@ -206,13 +213,32 @@ impl ManagedProcess {
                 if let Some(id) = write_id {
                     writer.history.remember(id);
                 }
-                Ok(())
+                Ok(true)
             }
             Err(e) => {
                 tracing::debug!(process = %self.id, error = %e, "stdin write failed");
                 Err(RpcError::stdin_write_failed())
             }
         }
+    }
+}
+
+impl ManagedProcess {
+    /// `process/closeStdin`: after every earlier write (they hold the same queue), closes
+    /// the server's end of the stdin pipe so the child reads end of input. `Ok(false)`:
+    /// it was closed already. A terminal has no end of input to give; its EOF character
+    /// is written like any other byte.
+    pub async fn close_stdin(&self) -> Result<bool, RpcError> {
+        if self.stdin_mode == StdinMode::Terminal {
+            return Err(RpcError::invalid_request(format!(
+                "process {} runs on a terminal: write its end-of-file character (^D) with process/write instead",
+                self.id
+            )));
+        }
+        let mut writer = self.writer.lock().await;
+        let was_open = writer.sink.take().is_some();
+        writer.closed_by_client = true;
+        Ok(was_open)
     }
 }
 

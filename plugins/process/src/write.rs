@@ -1,11 +1,13 @@
-//! `process/write` (PROTOCOL §4.7). The bytes of a write count against the session's
+//! `process/write` (PROTOCOL §4.7) and the `process/closeStdin` extension. The bytes of a write count against the session's
 //! pending-write quota until every one of them is handed to the OS: a child that never
 //! reads its stdin cannot make the server hold unbounded data for it.
 
 use std::sync::Arc;
 
 use exec_server_core::proto::bytes::decode_base64;
-use exec_server_core::proto::process::{WriteParams, WriteResult, WriteStatus};
+use exec_server_core::proto::process::{
+    CloseStdinParams, CloseStdinResult, WriteParams, WriteResult, WriteStatus,
+};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 
@@ -43,6 +45,30 @@ pub(crate) async fn write(
         plugin.config.max_pending_write_bytes_per_session,
         data.len(),
     )?;
-    process.write(&data, write_id.as_deref()).await?;
+    if !process.write(&data, write_id.as_deref()).await? {
+        return Ok(WriteStatus::StdinClosed.into());
+    }
     Ok(WriteStatus::Accepted.into())
+}
+
+/// [ext] `process/closeStdin`: the child reads end of input once every earlier write is
+/// in.
+pub(crate) async fn close_stdin(
+    plugin: Arc<ProcessPlugin>,
+    cx: Call,
+    params: CloseStdinParams,
+) -> Result<CloseStdinResult, RpcError> {
+    let process = match crate::table(&plugin, &cx).lookup(&params.process_id) {
+        Lookup::Unknown => return Ok(status(WriteStatus::UnknownProcess)),
+        Lookup::Starting => return Ok(status(WriteStatus::Starting)),
+        Lookup::Started(process) => process,
+    };
+    if process.stdin_mode == StdinMode::Closed || !process.close_stdin().await? {
+        return Ok(status(WriteStatus::StdinClosed));
+    }
+    Ok(status(WriteStatus::Accepted))
+}
+
+fn status(status: WriteStatus) -> CloseStdinResult {
+    CloseStdinResult { status }
 }
