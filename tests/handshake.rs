@@ -606,3 +606,65 @@ async fn run_closes_its_session_when_done() {
         );
     }
 }
+
+/// `RUST_LOG=debug` writes one line per request with its method, id, session, process (when
+/// it names one), W3C `traceparent` (when the request carries a well-formed one), duration
+/// and outcome.
+#[tokio::test]
+async fn debug_logs_one_line_per_request() {
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let session = [
+        json!({"id": 1, "method": "initialize", "params": {"clientName": "logged"}}),
+        json!({"method": "initialized", "params": {}}),
+        json!({"id": 2, "method": "environment/status", "trace": {"traceparent": traceparent}}),
+        json!({"id": 3, "method": "process/start", "params": {
+            "processId": "logged-proc", "argv": ["true"], "cwd": "/", "env": {}, "tty": false}}),
+        json!({"id": 4, "method": "fs/readFile", "params": {"path": "/nonexistent/file"}}),
+    ]
+    .iter()
+    .map(|m| format!("{m}\n"))
+    .collect::<String>();
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = crate::util::server_command(&["--listen", "stdio"]);
+    cmd.env("RUST_LOG", "debug")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(session.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    let answered: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("request answered"))
+        .collect();
+    assert_eq!(answered.len(), 3, "{log}");
+    let line_of = |method: &str| {
+        *answered
+            .iter()
+            .find(|line| line.contains(&format!("method={method}")))
+            .unwrap_or_else(|| panic!("no line for {method}:\n{log}"))
+    };
+    let status = line_of("environment/status");
+    for part in [
+        "id=2",
+        "session=",
+        &format!("traceparent=\"{traceparent}\""),
+        "duration_us=",
+        "outcome=\"ok\"",
+    ] {
+        assert!(status.contains(part), "{part} missing: {status}");
+    }
+    assert!(line_of("process/start").contains("process=\"logged-proc\""));
+    let failed = line_of("fs/readFile");
+    assert!(failed.contains("outcome=\"error\""), "{failed}");
+    assert!(failed.contains("code=-32004"), "{failed}");
+    assert!(
+        failed.contains("error=No such file or directory"),
+        "{failed}"
+    );
+}

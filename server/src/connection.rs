@@ -303,12 +303,19 @@ impl Processor {
             extensions: Arc::clone(&self.extensions),
         };
         let outbound = self.outbound.clone();
+        // The process a request is about, when it names one: so a process's story can be
+        // followed through the log by its id.
+        let process = params
+            .get("processId")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         let span = tracing::debug_span!(
             "request",
             %method,
             %id,
+            session = %session.id(),
+            process,
             traceparent,
-            result = tracing::field::Empty
         );
         let mut request = Box::pin(
             async move {
@@ -332,17 +339,20 @@ impl Processor {
                         )))
                     }
                 };
-                metrics.duration.observe(started.elapsed());
+                let elapsed = started.elapsed();
+                metrics.duration.observe(elapsed);
                 metrics.record(result.is_ok());
-                let span = tracing::Span::current();
+                // One line per request at debug, inside the span that names it.
+                let duration_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
                 match &result {
-                    Ok(_) => {
-                        span.record("result", "ok");
-                    }
-                    Err(error) => {
-                        span.record("result", "error");
-                        tracing::debug!(code = error.code, message = %error.message, "request failed");
-                    }
+                    Ok(_) => tracing::debug!(duration_us, outcome = "ok", "request answered"),
+                    Err(error) => tracing::debug!(
+                        duration_us,
+                        outcome = "error",
+                        code = error.code,
+                        error = %error.message,
+                        "request answered"
+                    ),
                 }
                 outbound.respond(&id, result).await;
             }
