@@ -12,7 +12,7 @@ use exec_server_config::CliOverrides;
 pub struct Cli {
     /// Where to listen: `ws://IP:PORT` (port 0 picks a free port) or `stdio`. Repeatable;
     /// replaces `server.listen` from the config. Default: `ws://127.0.0.1:0`.
-    #[arg(long = "listen", value_name = "URL", global = true)]
+    #[arg(long = "listen", value_name = "URL")]
     pub listen: Vec<String>,
 
     /// TOML configuration file. Only this file is read; a missing file is an error.
@@ -79,9 +79,13 @@ pub enum Command {
     /// Run a command on a server as if it were local: live output, stdin forwarded,
     /// `--tty` for a terminal, the remote exit code as the exit code.
     Run(crate::run::RunArgs),
-    /// Run the self-hosted relay registry and rendezvous service. `--listen http://IP:PORT`
-    /// picks the address (default `http://127.0.0.1:0`); the first stdout line is its URL.
+    /// Run the self-hosted relay registry and rendezvous service; the first stdout line is
+    /// its URL.
     Rendezvous {
+        /// Where to listen: `http://IP:PORT` (port 0 picks a free port). Default:
+        /// `http://127.0.0.1:0`.
+        #[arg(long = "listen", value_name = "URL")]
+        listen: Option<String>,
         /// The public base URL handed out and printed (`rendezvous.public_url`).
         #[arg(long = "public-url", value_name = "URL")]
         public_url: Option<String>,
@@ -94,8 +98,7 @@ impl Cli {
     pub fn overrides(&self) -> Result<CliOverrides, String> {
         let mut overrides = CliOverrides::default();
         self.websocket_auth_overrides(&mut overrides)?;
-        let rendezvous = matches!(self.command, Some(Command::Rendezvous { .. }));
-        if !self.listen.is_empty() && !rendezvous {
+        if !self.listen.is_empty() {
             overrides.set("server.listen", self.listen.clone());
         }
         if let Some(url) = &self.remote {

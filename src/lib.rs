@@ -135,11 +135,11 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
         Some(cli::Command::Methods) => Ok(print_methods(&source, &core)?),
         Some(cli::Command::Config) => Ok(print_config(&source, &core)?),
         Some(cli::Command::Run(_)) => unreachable!("`run` is dispatched before start-up"),
-        Some(cli::Command::Rendezvous { public_url }) => {
+        Some(cli::Command::Rendezvous { listen, public_url }) => {
             init_logging();
             prepare_to_listen();
             let args = exec_server_rendezvous::RendezvousArgs {
-                listen: cli.listen.first().cloned(),
+                listen,
                 public_url,
                 listener: (&core.listener).into(),
             };

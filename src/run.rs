@@ -59,7 +59,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "CMD", conflicts_with = "remote")]
     pub stdio: Option<String>,
 
-    /// Reach an executor through the relay registry at this base URL (RELAY.md §9.3). The
+    /// Reach an executor through the relay registry at this base URL (docs/OPERATIONS.md,
+    /// "Remote mode"). The
     /// bearer token and the `[relay]` settings come from the same sources as for the
     /// executor: `relay.token_file`, the variable named by `relay.token_env`
     /// (EXEC_SERVER_RELAY_TOKEN), then CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN.

@@ -425,3 +425,37 @@ fn rendezvous_limits_are_positive_and_one_per_tenant() {
         Some(5)
     );
 }
+
+/// Each subcommand's `--help` lists only the flags that apply to it and cites documents
+/// that exist.
+#[test]
+fn subcommand_help_lists_only_what_applies() {
+    let help = |args: &[&str]| {
+        let out = run(args, &[]);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        stdout(&out)
+    };
+    for subcommand in ["run", "methods", "config"] {
+        let text = help(&[subcommand, "--help"]);
+        assert!(!text.contains("--listen <"), "{subcommand} --help:\n{text}");
+    }
+    let rendezvous = help(&["rendezvous", "--help"]);
+    assert!(rendezvous.contains("--listen <URL>"), "{rendezvous}");
+    assert!(rendezvous.contains("http://IP:PORT"), "{rendezvous}");
+    assert!(!rendezvous.contains("ws://IP:PORT"), "{rendezvous}");
+    let top = help(&["--help"]);
+    assert!(top.contains("ws://IP:PORT"), "{top}");
+    // Every document a help text points at ships in docs/.
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    for text in [help(&["run", "--help"]), rendezvous, top] {
+        for word in text.split(|c: char| !(c.is_alphanumeric() || c == '.' || c == '/')) {
+            if let Some(name) = word.strip_suffix(".md") {
+                let file = std::path::Path::new(name).file_name().unwrap();
+                assert!(
+                    docs.join(file).with_extension("md").is_file(),
+                    "help cites {word}, which docs/ does not have"
+                );
+            }
+        }
+    }
+}
