@@ -130,7 +130,10 @@ pub fn main(args: RunArgs, config: Option<&Path>) -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("exec-server run: {}", failure.error);
+            match &failure.context {
+                Some(context) => eprintln!("exec-server run: {context}: {}", failure.error),
+                None => eprintln!("exec-server run: {}", failure.error),
+            }
             ExitCode::from(failure.code)
         }
     }
@@ -139,6 +142,8 @@ pub fn main(args: RunArgs, config: Option<&Path>) -> ExitCode {
 struct Failure {
     error: ExecServerError,
     code: u8,
+    /// What was being done, when the error alone does not say (which program, where).
+    context: Option<String>,
 }
 
 impl From<ExecServerError> for Failure {
@@ -146,23 +151,30 @@ impl From<ExecServerError> for Failure {
         Self {
             error,
             code: EXIT_RUN_FAILED,
+            context: None,
         }
     }
 }
 
-/// The exit code for a `process/start` error: spawn failures map like a shell's.
-fn start_failure(error: ExecServerError) -> Failure {
-    let code = match error.rpc() {
-        Some(e) if e.message.starts_with("failed to spawn process") => {
-            if e.message.contains("(os error 2)") {
-                EXIT_NOT_FOUND
-            } else {
-                EXIT_CANNOT_EXECUTE
-            }
-        }
-        _ => EXIT_RUN_FAILED,
+/// The exit code for a `process/start` error: spawn failures map like a shell's, and say
+/// which program could not be started where (the protocol's text names only the OS error).
+fn start_failure(error: ExecServerError, program: &str, cwd: &str) -> Failure {
+    let spawn_failed = error
+        .rpc()
+        .filter(|e| e.message.starts_with("failed to spawn process"));
+    let Some(rpc) = spawn_failed else {
+        return error.into();
     };
-    Failure { error, code }
+    let code = if rpc.message.contains("(os error 2)") {
+        EXIT_NOT_FOUND
+    } else {
+        EXIT_CANNOT_EXECUTE
+    };
+    Failure {
+        context: Some(format!("cannot start `{program}` in {cwd} on the server")),
+        error,
+        code,
+    }
 }
 
 async fn connect(
@@ -261,7 +273,12 @@ async fn run(args: RunArgs, config: Option<&Path>) -> Result<u8, Failure> {
         network_proxy: None,
         enforce_managed_network: None,
     };
-    let process = client.start_process(params).await.map_err(start_failure)?;
+    let program = params.argv.first().cloned().unwrap_or_default();
+    let start_cwd = params.cwd.to_string();
+    let process = client
+        .start_process(params)
+        .await
+        .map_err(|e| start_failure(e, &program, &start_cwd))?;
     let raw_mode = if args.tty && terminal::is_terminal(0) {
         terminal::RawMode::enable(0).ok()
     } else {

@@ -715,7 +715,13 @@ async fn run_pipe_mode_output_and_exit_codes() {
     ]))
     .await;
     assert_eq!(missing.status.code(), Some(127));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("failed to spawn process"));
+    // The error names the program, where it was started and the OS error.
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("cannot start `no-such-program-x` in ")
+            && stderr.contains("failed to spawn process: No such file or directory (os error 2)"),
+        "{stderr}"
+    );
 
     let killed = run_output(&mut run_command(&[
         "--url",

@@ -74,7 +74,7 @@ fn precedence_is_defaults_file_env_cli() {
         config_value(&stdout(&out), "server", "listen"),
         "[\"ws://127.0.0.1:8\"]"
     );
-    let out = run(&["config", "--config", path, "--listen", "stdio"], &env);
+    let out = run(&["--listen", "stdio", "config", "--config", path], &env);
     assert_eq!(
         config_value(&stdout(&out), "server", "listen"),
         "[\"stdio\"]"
@@ -141,14 +141,31 @@ fn missing_or_broken_config_files_are_errors() {
         stderr(&out)
     );
 
-    let file = config_file("[session\n");
-    let out = run(&["--config", file.to_str().unwrap()], &[]);
+    // One line, with the file, line and column of the mistake.
+    let file = config_file("# ok\n[server]\nlisten = [\"stdio\"\nfoo = 1\n");
+    let path = file.to_str().unwrap();
+    let out = run(&["--config", path], &[]);
     assert_eq!(out.status.code(), Some(2));
+    let message = stderr(&out);
+    assert_eq!(message.lines().count(), 1, "{message}");
     assert!(
-        stderr(&out).contains("is not valid TOML"),
-        "{}",
-        stderr(&out)
+        message.starts_with(&format!("invalid config: {path}:4:1: not valid TOML: ")),
+        "{message}"
     );
+}
+
+/// Long variable names are given whole in errors, never cut short.
+#[test]
+fn errors_give_long_variable_names_whole() {
+    let variable = "EXEC_SERVER_PROCESS__MAX_PENDING_WRITE_BYTES_PER_SESSION";
+    let out = run(&[], &[(variable, "many")]);
+    assert_eq!(out.status.code(), Some(2));
+    let message = stderr(&out);
+    assert!(
+        message.contains(&format!("(from environment variable {variable})")),
+        "{message}"
+    );
+    assert!(message.contains("expected usize"), "{message}");
 }
 
 #[test]

@@ -254,12 +254,39 @@ fn check_toml_file(path: &Path) -> Result<toml::Table, ConfigError> {
         ))
     })?;
     text.parse::<toml::Table>().map_err(|e| {
-        let message = e.message().to_owned();
+        // One line: `file:line:column: what is wrong` (the parser's message may span lines).
+        let message = e
+            .message()
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let location = e.span().map_or_else(String::new, |span| {
+            let (line, column) = line_and_column(&text, span.start);
+            format!(":{line}:{column}")
+        });
         ConfigError(format!(
-            "invalid config: {} is not valid TOML: {message}",
+            "invalid config: {}{location}: not valid TOML: {message}",
             path.display()
         ))
     })
+}
+
+/// 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map_or(0, |last| last.chars().count())
+        + 1;
+    (line, column)
 }
 
 /// A config file that holds a secret inline must be as private as a token file.
