@@ -1159,3 +1159,51 @@ async fn run_forwards_end_of_input_and_copies_stdin_exactly() {
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert!(std::fs::read(&copy).unwrap() == input, "the copy differs");
 }
+
+/// `exec-server run --stdio "exec-server"` (a server that listens on a websocket, not on
+/// stdio) fails at once with what to do, and leaves no server running.
+#[tokio::test]
+async fn run_with_a_stdio_command_that_is_no_stdio_server_fails_fast_and_cleans_up() {
+    let marker = format!(
+        "EXEC_SERVER_TEST_MARK={}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let command_line = format!("{marker} {}", server_bin().display());
+    let output = run_output(&mut run_command(&[
+        "--stdio",
+        &command_line,
+        "--no-stdin",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_ne!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("does not speak JSON-RPC on this connection; it wrote `ws://")
+            && stderr.contains("needs `--listen stdio`"),
+        "{stderr}"
+    );
+    // No process started by that command line lives on.
+    let running = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+            std::fs::read(entry.path().join("environ")).is_ok_and(|environ| {
+                environ
+                    .split(|b| *b == 0)
+                    .any(|var| var == marker.as_bytes())
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + STEP_TIMEOUT;
+    while running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server started by --stdio is still running"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

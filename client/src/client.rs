@@ -217,6 +217,10 @@ impl ExecServerClient {
                         what: "initialize",
                         after: options.initialize_timeout,
                     },
+                    HandshakeError::NotJsonRpc(line) => ExecServerError::Connect(format!(
+                        "the {} does not speak JSON-RPC on this connection; it wrote `{line}` (a server started for --stdio needs `--listen stdio`)",
+                        transport.describe()
+                    )),
                 });
             }
         };

@@ -142,6 +142,9 @@ pub(crate) enum HandshakeError {
     Rpc(RpcError),
     Lost,
     Timeout,
+    /// The peer wrote something that is not a JSON-RPC message (the first such line, cut
+    /// to a readable length): it does not speak the protocol on this connection.
+    NotJsonRpc(String),
 }
 
 /// Sends `initialize` (optionally resuming) and, on success, `initialized`. Nothing else
@@ -168,7 +171,10 @@ pub(crate) async fn handshake(
     let answer = tokio::time::timeout(limit, async {
         while let Some(text) = connection.incoming.recv().await {
             let Ok(message) = serde_json::from_str::<InboundMessage>(&text) else {
-                continue;
+                // Nothing but JSON-RPC may come before the answer; waiting would only
+                // end in the initialize timeout.
+                let shown: String = text.chars().take(120).collect();
+                return Err(HandshakeError::NotJsonRpc(shown));
             };
             if message.id.as_ref().and_then(Value::as_i64) != Some(id) {
                 continue;
@@ -799,6 +805,11 @@ async fn resume_on(
             }
             Err(HandshakeError::Timeout) => {
                 return Err(Resume::TryAgain("initialize timed out".into()))
+            }
+            Err(HandshakeError::NotJsonRpc(line)) => {
+                return Err(Resume::Impossible(format!(
+                    "the new connection does not speak JSON-RPC; it wrote `{line}`"
+                )))
             }
         }
     }

@@ -108,11 +108,13 @@ impl StdioTransport {
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(false);
-        let program = command
-            .as_std()
-            .get_program()
-            .to_string_lossy()
-            .into_owned();
+        // The whole command line, for errors: `sh` alone would not say which server.
+        let std = command.as_std();
+        let program = std::iter::once(std.get_program())
+            .chain(std.get_args())
+            .map(|part| part.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
         Self {
             command: std::sync::Mutex::new(Some(command)),
             program,
@@ -130,10 +132,12 @@ impl Transport for StdioTransport {
             let mut child = command.spawn().map_err(|e| {
                 ExecServerError::Connect(format!("failed to spawn `{}`: {e}", self.program))
             })?;
+            let lifetime = ChildLifetime::new(&child);
             let mut stdin = child.stdin.take().expect("stdin is piped");
             let stdout = child.stdout.take().expect("stdout is piped");
             let (outgoing, mut to_server) = mpsc::unbounded_channel::<String>();
             let (from_server, incoming) = mpsc::channel(INBOUND_QUEUE);
+            let reaped = Arc::clone(&lifetime.reaped);
             let writer = tokio::spawn(async move {
                 while let Some(mut message) = to_server.recv().await {
                     message.push('\n');
@@ -165,8 +169,10 @@ impl Transport for StdioTransport {
                 }
                 // The server is gone or going; reap it so it does not linger as a zombie.
                 let _ = child.wait().await;
+                reaped.store(true, std::sync::atomic::Ordering::SeqCst);
             });
-            Ok(Connection::new(outgoing, incoming).with_guard(TaskGuard(vec![writer, reader])))
+            let guard = (TaskGuard(vec![writer, reader]), lifetime);
+            Ok(Connection::new(outgoing, incoming).with_guard(guard))
         })
     }
 
@@ -176,6 +182,43 @@ impl Transport for StdioTransport {
 
     fn describe(&self) -> String {
         format!("stdio server `{}`", self.program)
+    }
+}
+
+/// Ends a stdio server that outlives its connection. End of stdin stops a server that
+/// speaks the protocol; one that does not (a server listening elsewhere, a wrong command)
+/// would run on, so when the connection is dropped before the child was reaped it gets
+/// SIGTERM — its whole process group when it leads one (a command run through `sh -c` in
+/// its own group), so the shell's children go too.
+struct ChildLifetime {
+    pid: Option<u32>,
+    reaped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ChildLifetime {
+    fn new(child: &tokio::process::Child) -> Self {
+        Self {
+            pid: child.id(),
+            reaped: Arc::default(),
+        }
+    }
+}
+
+impl Drop for ChildLifetime {
+    fn drop(&mut self) {
+        let Some(pid) = self.pid.and_then(|pid| libc::pid_t::try_from(pid).ok()) else {
+            return;
+        };
+        if self.reaped.load(std::sync::atomic::Ordering::SeqCst) {
+            // Reaped: the pid may belong to someone else by now.
+            return;
+        }
+        // SAFETY: getpgid and kill take plain integers. The child is not reaped (the flag is
+        // set only after `wait` returns), so `pid` still names it, alive or a zombie.
+        unsafe {
+            let target = if libc::getpgid(pid) == pid { -pid } else { pid };
+            libc::kill(target, libc::SIGTERM);
+        }
     }
 }
 
