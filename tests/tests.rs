@@ -10,6 +10,7 @@ mod client_in_process;
 mod codex;
 mod config;
 mod dependencies;
+mod docs;
 mod environment;
 mod environment_config;
 mod escape;

@@ -6,7 +6,6 @@
 //! where the server ends with its stdin).
 
 use std::any::Any;
-#[cfg(feature = "in-process")]
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -2,16 +2,19 @@
 //! project would write one — only against the public plugin API.
 //!
 //! It has one method with typed params (`hello/greet`), per-session state (how many
-//! greetings this session got), one notification sent after the response
-//! (`hello/greeted`), and one config key (`[hello] greeting`). `docs/PLUGINS.md` walks
-//! through it.
+//! greetings this session got), one extension notification sent after the response
+//! (`hello/greeted`, only to clients that opted in to the `hello` extension), and one
+//! checked config key (`[hello] greeting`). `docs/PLUGINS.md` walks through it; every
+//! snippet there is an excerpt of this crate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use exec_server_core::config::{ConfigError, ConfigSource};
 use exec_server_core::proto::RpcError;
 use exec_server_core::{
-    inventory, typed_section, Call, Install, InstallError, MethodDecl, Plugin, SessionState,
+    checked_section, inventory, Call, CheckedSection, Install, InstallError, MethodDecl, Plugin,
+    SessionState,
 };
 use serde::{Deserialize, Serialize};
 
@@ -19,76 +22,72 @@ use serde::{Deserialize, Serialize};
 pub const GREET: &str = "hello/greet";
 /// The notification sent after each greeting.
 pub const GREETED: &str = "hello/greeted";
+/// The extension a client names in `initialize` to receive `hello/greeted`.
+pub const EXTENSION: &str = "hello";
 
 inventory::submit! {
     Plugin {
-        name: "hello",
-        summary: "greets people (an example plugin)",
+        name: "hello",                       // [plugins.hello] switch and [hello] config table
+        summary: "greets people (an example plugin)", // shown by `exec-server methods`
         methods: &[MethodDecl { name: GREET, family: "hello" }],
-        config: Some(typed_section::<HelloConfig>),
+        config: Some(checked_section::<HelloConfig>),
         install,
     }
 }
 
-/// The `[hello]` config table.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HelloConfig {
-    /// The word to greet with.
     pub greeting: String,
 }
 
 impl Default for HelloConfig {
     fn default() -> Self {
-        Self {
-            greeting: "Hello".into(),
-        }
+        Self { greeting: "Hello".into() }
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+impl CheckedSection for HelloConfig {
+    fn check(&self, source: &ConfigSource, table: &str) -> Result<(), ConfigError> {
+        if self.greeting.trim().is_empty() {
+            return Err(source.invalid(&format!("{table}.greeting"), "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")] // wire names are camelCase; never deny_unknown_fields
 struct GreetParams {
     name: String,
     #[serde(default)]
     shout: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct GreetResult {
     greeting: String,
-    /// Greetings this session has had, this one included.
-    count: u64,
+    count: u64, // greetings this session has had, this one included
 }
 
-#[derive(Debug, Serialize)]
-struct Greeted {
-    count: u64,
-}
-
-/// Per-session state: survives reconnects, ends with the session.
 #[derive(Default)]
 struct Greetings(AtomicU64);
 
-impl SessionState for Greetings {}
+impl SessionState for Greetings {
+    // `session_ended` has a default that does nothing. Override it to release what the
+    // session owns: the process plugin kills its process groups there.
+}
 
 struct Hello {
     greeting: String,
 }
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
-    let config: HelloConfig = install.config()?;
-    if config.greeting.trim().is_empty() {
-        return Err(install
-            .config_source()
-            .invalid("hello.greeting", "must not be empty")
-            .into());
-    }
-    let hello = Arc::new(Hello {
-        greeting: config.greeting,
-    });
+    let config: HelloConfig = install.checked_config()?;
+    let hello = Arc::new(Hello { greeting: config.greeting });
     install.method_with(GREET, &hello, Hello::greet);
+    install.extension(EXTENSION, &[GREETED]);
     Ok(())
 }
 
@@ -97,12 +96,7 @@ impl Hello {
         if p.name.is_empty() {
             return Err(RpcError::invalid_params("name must not be empty"));
         }
-        let count = cx
-            .session()
-            .state(Greetings::default)
-            .0
-            .fetch_add(1, Ordering::Relaxed)
-            + 1;
+        let count = cx.session().state(Greetings::default).0.fetch_add(1, Ordering::Relaxed) + 1;
         let mut greeting = format!("{}, {}!", self.greeting, p.name);
         if p.shout {
             greeting = greeting.to_uppercase();
@@ -112,7 +106,7 @@ impl Hello {
         let queued = cx.response_queued();
         tokio::spawn(async move {
             queued.wait().await;
-            session.notify(GREETED, &Greeted { count }).await;
+            session.notify(GREETED, &serde_json::json!({ "count": count })).await;
         });
         Ok(GreetResult { greeting, count })
     }

@@ -14,24 +14,14 @@ struct Server {
 impl Server {
     fn start(env: &[(&str, &str)], args: &[&str]) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_exec-server-hello"));
-        cmd.args(["--listen", "stdio"])
-            .args(args)
-            .env("RUST_LOG", "warn");
+        cmd.args(["--listen", "stdio"]).args(args).env("RUST_LOG", "warn");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        Self {
-            child,
-            stdin,
-            stdout,
-        }
+        Self { child, stdin, stdout }
     }
 
     fn send(&mut self, message: Value) {
@@ -45,7 +35,13 @@ impl Server {
     }
 
     fn handshake(&mut self) {
-        self.send(json!({"id": 0, "method": "initialize", "params": {"clientName": "t"}}));
+        self.handshake_with(json!([]));
+    }
+
+    /// The handshake, opting in to `extensions`.
+    fn handshake_with(&mut self, extensions: Value) {
+        let params = json!({"clientName": "t", "extensions": extensions});
+        self.send(json!({"id": 0, "method": "initialize", "params": params}));
         assert!(self.recv()["result"]["sessionId"].is_string());
         self.send(json!({"method": "initialized"}));
     }
@@ -61,36 +57,33 @@ impl Drop for Server {
 #[test]
 fn greets_counts_per_session_and_notifies_after_the_response() {
     let mut server = Server::start(&[], &[]);
-    server.handshake();
+    server.handshake_with(json!(["hello"]));
     server.send(json!({"id": 1, "method": "hello/greet", "params": {"name": "Ada"}}));
-    assert_eq!(
-        server.recv(),
-        json!({"id": 1, "result": {"greeting": "Hello, Ada!", "count": 1}})
-    );
-    assert_eq!(
-        server.recv(),
-        json!({"method": "hello/greeted", "params": {"count": 1}})
-    );
+    assert_eq!(server.recv(), json!({"id": 1, "result": {"greeting": "Hello, Ada!", "count": 1}}));
+    assert_eq!(server.recv(), json!({"method": "hello/greeted", "params": {"count": 1}}));
     server.send(json!({"id": 2, "method": "hello/greet", "params": {"name": "Bo", "shout": true}}));
-    assert_eq!(
-        server.recv(),
-        json!({"id": 2, "result": {"greeting": "HELLO, BO!", "count": 2}})
-    );
+    assert_eq!(server.recv(), json!({"id": 2, "result": {"greeting": "HELLO, BO!", "count": 2}}));
     assert_eq!(server.recv()["params"]["count"], 2);
     // Typed params: a missing member is -32602 with serde's text.
     server.send(json!({"id": 3, "method": "hello/greet", "params": {}}));
     let reply = server.recv();
     assert_eq!(reply["error"]["code"], -32602);
-    assert!(
-        reply["error"]["message"].as_str().unwrap().contains("name"),
-        "{reply}"
-    );
+    assert!(reply["error"]["message"].as_str().unwrap().contains("name"), "{reply}");
     // The built-in families are all there too.
     server.send(json!({"id": 4, "method": "environment/status"}));
-    assert_eq!(
-        server.recv(),
-        json!({"id": 4, "result": {"status": "ready"}})
-    );
+    assert_eq!(server.recv(), json!({"id": 4, "result": {"status": "ready"}}));
+}
+
+/// `hello/greeted` is an extension: a client that did not opt in (every codex client) never
+/// gets it, so it is never dropped for an unknown notification.
+#[test]
+fn clients_that_did_not_opt_in_get_no_notification() {
+    let mut server = Server::start(&[], &[]);
+    server.handshake();
+    server.send(json!({"id": 1, "method": "hello/greet", "params": {"name": "Ada"}}));
+    assert_eq!(server.recv()["result"]["count"], 1);
+    server.send(json!({"id": 2, "method": "environment/status"}));
+    assert_eq!(server.recv(), json!({"id": 2, "result": {"status": "ready"}}));
 }
 
 #[test]
@@ -106,10 +99,7 @@ fn the_config_key_comes_from_every_layer() {
         .output()
         .unwrap();
     let printed: toml_like::Table = toml_like::parse(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(
-        printed.get("hello.greeting").map(String::as_str),
-        Some("\"Hey\"")
-    );
+    assert_eq!(printed.get("hello.greeting").map(String::as_str), Some("\"Hey\""));
 
     let out = Command::new(env!("CARGO_BIN_EXE_exec-server-hello"))
         .env("EXEC_SERVER_HELLO__GREETNG", "typo")
@@ -117,10 +107,17 @@ fn the_config_key_comes_from_every_layer() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.starts_with("invalid config: unknown key hello.greetng"),
-        "{stderr}"
-    );
+    assert!(stderr.starts_with("invalid config: unknown key hello.greetng"), "{stderr}");
+
+    // The plugin's own checks run for `exec-server config` too, not only when serving.
+    let out = Command::new(env!("CARGO_BIN_EXE_exec-server-hello"))
+        .arg("config")
+        .env("EXEC_SERVER_HELLO__GREETING", " ")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("invalid config: hello.greeting must not be empty"), "{stderr}");
 }
 
 #[test]
@@ -142,10 +139,7 @@ fn operators_can_switch_the_plugin_off() {
             .output()
             .unwrap();
         let listing = String::from_utf8_lossy(&out.stdout);
-        let row = listing
-            .lines()
-            .find(|l| l.starts_with("hello/greet "))
-            .unwrap();
+        let row = listing.lines().find(|l| l.starts_with("hello/greet ")).unwrap();
         assert!(row.contains("disabled"), "{row}");
     }
 }
@@ -171,10 +165,7 @@ fn a_host_that_does_not_link_the_crate_refuses_to_start() {
 fn the_host_binary_is_hardened_like_the_server() {
     const TOKEN: &str = "host-token-6d1f";
     let mut server = Server::start(
-        &[
-            ("CODEX_EXEC_SERVER_CONNECTION_TOKEN", TOKEN),
-            ("HOST_MARKER", "visible"),
-        ],
+        &[("CODEX_EXEC_SERVER_CONNECTION_TOKEN", TOKEN), ("HOST_MARKER", "visible")],
         &[],
     );
     server.handshake();
@@ -211,12 +202,8 @@ fn the_host_binary_is_hardened_like_the_server() {
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    writeln!(
-        stdin,
-        "{}",
-        json!({"id": 0, "method": "initialize", "params": {"clientName": "t"}})
-    )
-    .unwrap();
+    writeln!(stdin, "{}", json!({"id": 0, "method": "initialize", "params": {"clientName": "t"}}))
+        .unwrap();
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
     assert!(line.contains("sessionId"), "{line}");
