@@ -18,6 +18,7 @@ mod fair_share;
 mod fs;
 mod handshake;
 mod process;
+mod readme;
 mod relay;
 mod sandbox;
 mod search;
