@@ -90,6 +90,14 @@ pub enum Command {
         #[arg(long = "public-url", value_name = "URL")]
         public_url: Option<String>,
     },
+    /// Print a shell completion script, e.g. `exec-server completions bash >
+    /// /etc/bash_completion.d/exec-server`.
+    Completions {
+        /// The shell: bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `exec-server man | man -l -`.
+    Man,
 }
 
 impl Cli {
@@ -168,5 +176,26 @@ impl Cli {
         }
         overrides.set("websocket.auth", mode);
         Ok(())
+    }
+}
+
+/// `exec-server completions <shell>`: the completion script, generated from this parser.
+pub fn print_completions(shell: clap_complete::Shell) -> std::process::ExitCode {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    clap_complete::generate(shell, &mut command, "exec-server", &mut std::io::stdout());
+    std::process::ExitCode::SUCCESS
+}
+
+/// `exec-server man`: the manual page, generated from this parser.
+pub fn print_man_page() -> std::process::ExitCode {
+    use clap::CommandFactory;
+    let page = clap_mangen::Man::new(Cli::command());
+    match page.render(&mut std::io::stdout()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("exec-server man: {e}");
+            std::process::ExitCode::from(1)
+        }
     }
 }

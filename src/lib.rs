@@ -95,6 +95,14 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
     }
     let cli = match cli::Cli::parse_from(args) {
         cli::Cli {
+            command: Some(cli::Command::Completions { shell }),
+            ..
+        } => return cli::print_completions(shell),
+        cli::Cli {
+            command: Some(cli::Command::Man),
+            ..
+        } => return cli::print_man_page(),
+        cli::Cli {
             command: Some(cli::Command::Run(run)),
             config,
             ..
@@ -134,7 +142,9 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
     match cli.command {
         Some(cli::Command::Methods) => Ok(print_methods(&source, &core)?),
         Some(cli::Command::Config) => Ok(print_config(&source, &core)?),
-        Some(cli::Command::Run(_)) => unreachable!("`run` is dispatched before start-up"),
+        Some(cli::Command::Run(_) | cli::Command::Completions { .. } | cli::Command::Man) => {
+            unreachable!("dispatched before start-up")
+        }
         Some(cli::Command::Rendezvous { listen, public_url }) => {
             init_logging();
             prepare_to_listen();

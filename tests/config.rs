@@ -476,3 +476,24 @@ fn subcommand_help_lists_only_what_applies() {
         }
     }
 }
+
+/// Shell completions and the manual page come from the same parser as `--help`, so they
+/// list every subcommand and flag there is.
+#[test]
+fn completions_and_man_page_are_generated_from_the_parser() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&["completions", shell], &[]);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = stdout(&out);
+        for word in ["rendezvous", "methods", "listen", "ws-auth"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let out = run(&["completions", "tcsh"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["man"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    let page = stdout(&out);
+    assert!(page.contains(".TH exec-server 1"), "{page}");
+    assert!(page.contains("rendezvous"), "{page}");
+}
