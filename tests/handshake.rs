@@ -385,28 +385,6 @@ async fn stdio_session_cannot_be_taken_over() {
     assert_eq!(stdio.child().wait().await.unwrap().code(), Some(0));
 }
 
-/// Runs the server on `input` piped to its stdin (closed at the end, as `printf … |` does)
-/// and returns its exit code and every line it wrote.
-async fn piped_stdio_session(input: &str, env: &[(&str, &str)]) -> (Option<i32>, Vec<Value>) {
-    use tokio::io::AsyncWriteExt;
-    let mut cmd = crate::util::server_command(&["--listen", "stdio"]);
-    cmd.envs(env.iter().copied());
-    let mut child = cmd.spawn().expect("spawn the server");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).await.unwrap();
-    drop(stdin);
-    let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, child.wait_with_output())
-        .await
-        .expect("the server exits after end of input")
-        .unwrap();
-    let lines = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON message per line"))
-        .collect();
-    (output.status.code(), lines)
-}
-
 /// `printf '<a whole session>' | exec-server --listen stdio`: end of input comes right
 /// after the last request, yet every request is answered and the output and exit of a
 /// process that finishes within the drain window are delivered, then the server exits 0.
@@ -424,7 +402,7 @@ async fn end_of_input_on_stdio_answers_everything_already_received() {
     .iter()
     .map(|m| format!("{m}\n"))
     .collect::<String>();
-    let (code, lines) = piped_stdio_session(&session, &[]).await;
+    let (code, lines) = crate::util::piped_stdio_session(&session, &[]).await;
     assert_eq!(code, Some(0), "{lines:?}");
     for id in 1..=4 {
         let answer = lines.iter().find(|m| m["id"] == id);
@@ -467,7 +445,7 @@ async fn end_of_input_on_stdio_stops_waiting_at_the_drain_window() {
     .iter()
     .map(|m| format!("{m}\n"))
     .collect::<String>();
-    let (code, lines) = piped_stdio_session(
+    let (code, lines) = crate::util::piped_stdio_session(
         &session,
         &[("EXEC_SERVER_CONNECTION__STDIO_DRAIN_MS", "200")],
     )

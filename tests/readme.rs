@@ -80,7 +80,6 @@ fn assert_contains(actual: &Value, expected: &Value, path: &str) {
 
 #[tokio::test]
 async fn the_readme_stdio_session_gets_the_answers_it_shows() {
-    use tokio::io::AsyncWriteExt;
     let lines = block_after(&readme(), "A session over stdio", "```text");
     let sent: String = lines
         .iter()
@@ -93,21 +92,8 @@ async fn the_readme_stdio_session_gets_the_answers_it_shows() {
         .map(|l| serde_json::from_str(l).expect("README answers are JSON"))
         .collect();
     assert!(!expected.is_empty());
-    let mut child = crate::util::server_command(&["--listen", "stdio"])
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(sent.as_bytes()).await.unwrap();
-    drop(stdin);
-    let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    let answers: Vec<Value> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let (code, answers) = crate::util::piped_stdio_session(&sent, &[]).await;
+    assert_eq!(code, Some(0));
     for want in &expected {
         let got = answers
             .iter()

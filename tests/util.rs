@@ -522,3 +522,25 @@ macro_rules! both_transports {
         }
     };
 }
+
+/// Runs the server on `input` piped to its stdin (closed at the end, as `printf … |` does)
+/// and returns its exit code and every line it wrote.
+pub async fn piped_stdio_session(input: &str, env: &[(&str, &str)]) -> (Option<i32>, Vec<Value>) {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = server_command(&["--listen", "stdio"]);
+    cmd.envs(env.iter().copied());
+    let mut child = cmd.spawn().expect("spawn the server");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(STEP_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the server exits after end of input")
+        .unwrap();
+    let lines = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON message per line"))
+        .collect();
+    (output.status.code(), lines)
+}
