@@ -6,9 +6,10 @@
 //! * `checks` — the per-operation user-space checks (§5.6) and the denial flag (§7.1);
 //! * `runner` — the server side: spawn, time-out, limits, and every failure answer (§4.2, §4.6).
 //!
-//! The helper does not know how to perform an operation: the host passes it its
-//! synchronous filesystem executor (§5.7), which gives the server's results and error
-//! texts while acting only on what the policy approved.
+//! The helper does not know how to perform an operation: the host passes it its decoder
+//! (§5.7), which turns a request into the very operation the server would run, reporting
+//! the targets the checks approve first; it gives the server's results and error texts
+//! while acting only on what the policy approved.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -25,7 +26,7 @@ use crate::policy::SandboxPolicy;
 mod checks;
 pub mod runner;
 
-pub use checks::precheck;
+pub use checks::{precheck, CheckedTarget, Need, Target};
 
 /// `argv[1]` of the fs helper.
 pub const FS_HELPER_ARG1: &str = "--codex-run-as-fs-helper";
@@ -54,14 +55,24 @@ pub const OPERATIONS: &[&str] = &[
     "fs/copy",
 ];
 
-/// Runs one operation synchronously with the host's filesystem core: `operation` is the
-/// method name, `params` the request's params (with `"sandbox": null`). The targets have
-/// passed [`precheck`], but that only refuses early: the executor must resolve and check
-/// every path it touches against `policy` again and act only through descriptors opened
-/// exactly at what it approved ([`crate::anchored`]), never reopen a path. Returns the
-/// serialised result.
-pub type FsExecutor =
-    fn(operation: &str, params: Value, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError>;
+/// One request decoded by the host's filesystem core (§5.7): the operation with every
+/// default applied, ready to run.
+pub trait HelperOperation: std::fmt::Debug {
+    /// The paths the operation will touch and the access it needs at each, checked by
+    /// [`precheck`] before [`HelperOperation::run`].
+    fn targets(&self) -> Vec<Target>;
+
+    /// Runs the operation synchronously and returns the serialised result. The targets have
+    /// passed [`precheck`], but that only refuses early: the operation must resolve and
+    /// check every path it touches against `policy` again and act only through descriptors
+    /// opened exactly at what it approved ([`crate::anchored`]), never reopen a path.
+    fn run(self: Box<Self>, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError>;
+}
+
+/// The host's decoder: `operation` is the method name, `params` the request's params
+/// (with `"sandbox": null`).
+pub type FsDecoder =
+    fn(operation: &str, params: Value) -> Result<Box<dyn HelperOperation>, RpcError>;
 
 /// The request line (server → helper).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -151,7 +162,7 @@ fn parse_args(args: &[OsString]) -> Result<HelperArgs, String> {
 
 /// The helper's `main` (§4.7) without the process exit: `args` are the arguments after
 /// the sentinel; returns the exit status. Single-threaded and synchronous throughout.
-pub fn main(args: &[OsString], executor: FsExecutor) -> i32 {
+pub fn main(args: &[OsString], decoder: FsDecoder) -> i32 {
     set_parent_death_signal();
     let args = match parse_args(args) {
         Ok(args) => args,
@@ -179,7 +190,7 @@ pub fn main(args: &[OsString], executor: FsExecutor) -> i32 {
         Ok(request) => request,
         Err(e) => return runtime_error(&e),
     };
-    respond(run_request(request, &policy, executor))
+    respond(run_request(request, &policy, decoder))
 }
 
 /// UTS and IPC namespaces of its own (and a user namespace when unprivileged), so that a
@@ -200,7 +211,7 @@ fn enter_namespaces() -> Result<Namespaces, ()> {
 fn run_request(
     request: HelperRequest,
     policy: &SandboxPolicy,
-    executor: FsExecutor,
+    decoder: FsDecoder,
 ) -> HelperResponse {
     let operation = request.operation;
     let params: Value = match serde_json::from_str(request.params.get()) {
@@ -210,8 +221,11 @@ fn run_request(
     if params.get("sandbox").is_some_and(|s| !s.is_null()) {
         return HelperResponse::Error(RpcError::direct_operation_with_sandbox().into());
     }
-    let result = precheck(&operation, &params, policy).and_then(|targets| {
-        executor(&operation, params, policy).map_err(|e| checks::mark_denial(e, &targets, policy))
+    let result = decoder(&operation, params).and_then(|decoded| {
+        let targets = precheck(&decoded.targets(), policy)?;
+        decoded
+            .run(policy)
+            .map_err(|e| checks::mark_denial(e, &targets, policy))
     });
     match result {
         Ok(response) => HelperResponse::Ok(OkPayload {
