@@ -5,7 +5,6 @@
 
 use std::ffi::OsString;
 
-
 use exec_server_core::helpers::HiddenHelper;
 use exec_server_core::proto::RpcError;
 use exec_server_sandbox::fs_helper::{HelperOperation, Target, FS_HELPER_ARG1};
