@@ -41,6 +41,7 @@ pub fn implemented_flags() -> &'static [&'static str] {
         "capabilityDiscoverySandbox",
         "capabilityDiscoveryV2",
         "environmentConfigRead",
+        "fileWriteStreaming",
     ]
 }
 

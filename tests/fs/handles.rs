@@ -47,7 +47,7 @@ async fn open_read_block_and_close() {
             json!({})
         );
         let error = client.call_err("fs/readBlock", read(0, 1)).await;
-        assert_error(&error, -32004, &format!("unknown file read handle `{id}`"));
+        assert_error(&error, -32004, &format!("unknown file handle `{id}`"));
     }
     assert_eq!(
         client
@@ -66,7 +66,7 @@ async fn handle_ids_and_block_lengths_are_validated() {
     let long = "x".repeat(33);
     let longest = "é".repeat(16);
     assert_eq!(longest.len(), 32);
-    let too_long = "file read handle ID must not exceed 32 bytes";
+    let too_long = "file handle ID must not exceed 32 bytes";
     let error = client
         .call_err("fs/open", json!({"handleId": long, "path": file}))
         .await;
@@ -91,7 +91,7 @@ async fn handle_ids_and_block_lengths_are_validated() {
     assert_error(
         &error,
         -32600,
-        &format!("file read handle `{longest}` already exists"),
+        &format!("file handle `{longest}` already exists"),
     );
     for len in [0, 5] {
         let error = client
@@ -221,7 +221,7 @@ async fn a_failed_read_closes_the_handle() {
             json!({"handleId": "mem", "offset": 0, "len": 16}),
         )
         .await;
-    assert_error(&error, -32004, "unknown file read handle `mem`");
+    assert_error(&error, -32004, "unknown file handle `mem`");
 }
 
 #[tokio::test]
@@ -275,13 +275,13 @@ async fn open_handle_limit_per_connection() {
     assert_error(
         &error,
         -32600,
-        "at most 2 file reads may be open per connection",
+        "at most 2 file handles may be open per connection",
     );
     // Check 2 comes before check 3.
     let error = first
         .call_err("fs/open", json!({"handleId": "a", "path": file}))
         .await;
-    assert_error(&error, -32600, "file read handle `a` already exists");
+    assert_error(&error, -32600, "file handle `a` already exists");
     first.call("fs/close", json!({"handleId": "a"})).await;
     first
         .call("fs/open", json!({"handleId": "c", "path": file}))
@@ -295,7 +295,7 @@ async fn open_handle_limit_per_connection() {
             json!({"handleId": "b", "offset": 0, "len": 1}),
         )
         .await;
-    assert_error(&error, -32004, "unknown file read handle `b`");
+    assert_error(&error, -32004, "unknown file handle `b`");
     second
         .call("fs/open", json!({"handleId": "b", "path": file}))
         .await;
@@ -370,6 +370,6 @@ async fn handles_close_with_their_connection_and_do_not_survive_a_resume() {
             json!({"handleId": "h1", "offset": 0, "len": 1}),
         )
         .await;
-    assert_error(&error, -32004, "unknown file read handle `h1`");
+    assert_error(&error, -32004, "unknown file handle `h1`");
     let _ = server.child.kill().await;
 }

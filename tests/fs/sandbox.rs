@@ -88,9 +88,28 @@ async fn sandboxes_that_need_enforcement_fail_closed() {
             -32600,
             "streaming file reads do not support platform sandboxing",
         );
+        // A replace handle would write outside any helper: refused the same way.
+        let replace = with_members(
+            &json!({"handleId": "w", "path": uri(&dir.join("f")), "mode": "replace"}),
+            members,
+        );
+        let error = client.call_err("fs/open", replace).await;
+        assert_error(
+            &error,
+            -32600,
+            "streaming file reads do not support platform sandboxing",
+        );
     }
-    // Nothing ran.
+    // Nothing ran, and no new version was started.
     assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"untouched");
+    assert!(
+        std::fs::read_dir(&dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")),
+        "a refused replace left a temporary file"
+    );
     for name in ["new", "new-dir", "copy"] {
         assert!(!dir.join(name).exists(), "{name}");
     }
@@ -168,11 +187,7 @@ async fn sandbox_shape_errors_and_open_check_order() {
             json!({"handleId": "x".repeat(33), "path": file, "sandbox": sandbox}),
         )
         .await;
-    assert_error(
-        &error,
-        -32600,
-        "file read handle ID must not exceed 32 bytes",
-    );
+    assert_error(&error, -32600, "file handle ID must not exceed 32 bytes");
     client
         .call("fs/open", json!({"handleId": "taken", "path": file}))
         .await;
@@ -182,7 +197,7 @@ async fn sandbox_shape_errors_and_open_check_order() {
             json!({"handleId": "taken", "path": file, "sandbox": sandbox}),
         )
         .await;
-    assert_error(&error, -32600, "file read handle `taken` already exists");
+    assert_error(&error, -32600, "file handle `taken` already exists");
     let error = client
         .call_err(
             "fs/open",

@@ -16,7 +16,9 @@
 //! * `read_file`, `write_file`, `create_directory`, `metadata` (`fs/getMetadata`,
 //!   `fs/canonicalize`), `read_directory`, `walk`, `remove`, `copy` — one module per
 //!   method.
-//! * `handles` — `fs/open`, `fs/readBlock`, `fs/close` and the per-connection handle table.
+//! * `handles` — `fs/open`, `fs/readBlock`, `fs/writeBlock`, `fs/close` and the
+//!   per-connection handle table.
+//! * `replace` — the new version behind a `replace` handle, put in place atomically.
 //!
 //! Every method decodes its params (paths included), runs its own validation, routes on
 //! `sandbox`, and only then touches the file system, in its session's share of the
@@ -36,6 +38,7 @@ mod payload;
 mod read_directory;
 mod read_file;
 mod remove;
+mod replace;
 mod routing;
 mod stream_write;
 mod walk;
@@ -43,9 +46,10 @@ mod write_file;
 
 use std::sync::Arc;
 
+use exec_server_core::proto::environment::capability;
 use exec_server_core::proto::fs::{
     CANONICALIZE, CLOSE, COPY, CREATE_DIRECTORY, FAMILY_LABEL, GET_METADATA, OPEN, READ_BLOCK,
-    READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_FILE,
+    READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_BLOCK, WRITE_FILE,
 };
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
 use exec_server_sandbox::SandboxRuntime;
@@ -59,7 +63,7 @@ pub use helper::run_fs_helper_main;
 exec_server_core::inventory::submit! {
     Plugin {
         name: "fs",
-        summary: "filesystem methods: read, write, list, walk, copy, remove and streamed reads",
+        summary: "filesystem methods: read, write, list, walk, copy, remove, streamed reads and writes",
         methods: &[
             MethodDecl { name: READ_FILE, family: FAMILY_LABEL },
             MethodDecl { name: WRITE_FILE, family: FAMILY_LABEL },
@@ -72,6 +76,7 @@ exec_server_core::inventory::submit! {
             MethodDecl { name: COPY, family: FAMILY_LABEL },
             MethodDecl { name: OPEN, family: FAMILY_LABEL },
             MethodDecl { name: READ_BLOCK, family: FAMILY_LABEL },
+            MethodDecl { name: WRITE_BLOCK, family: FAMILY_LABEL },
             MethodDecl { name: CLOSE, family: FAMILY_LABEL },
         ],
         config: Some(checked_section::<FsConfig>),
@@ -98,6 +103,12 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.method_with(COPY, &config, copy::handle);
     install.method_with(OPEN, &config, handles::handle_open);
     install.method_with(READ_BLOCK, &config, handles::handle_read_block);
+    install.method_with(WRITE_BLOCK, &config, handles::handle_write_block);
     install.method_with(CLOSE, &config, handles::handle_close);
+    // Without `fs/close` a new version is never put in place.
+    install.capability(
+        capability::FILE_WRITE_STREAMING,
+        &[OPEN, WRITE_BLOCK, CLOSE],
+    );
     Ok(())
 }

@@ -44,7 +44,10 @@ fn runner(program: &Path, timeout_ms: u64) -> FsHelperRunner {
 fn script(dir: &Path, body: &str) -> PathBuf {
     let path = dir.join("helper.sh");
     let status = std::process::Command::new("/bin/sh")
-        .args(["-c", r#"printf '#!/bin/sh\n%s\n' "$1" > "$0" && chmod 755 "$0""#])
+        .args([
+            "-c",
+            r#"printf '#!/bin/sh\n%s\n' "$1" > "$0" && chmod 755 "$0""#,
+        ])
         .arg(&path)
         .arg(body)
         .status()
