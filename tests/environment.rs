@@ -42,6 +42,7 @@ pub fn implemented_flags() -> &'static [&'static str] {
         "capabilityDiscoveryV2",
         "environmentConfigRead",
         "fileWriteStreaming",
+        "fsWatchMissing",
     ]
 }
 

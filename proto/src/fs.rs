@@ -259,6 +259,26 @@ pub struct ReadBlockResult<C = String> {
     pub eof: bool,
 }
 
+/// `fs/watchMissing` (codex 0.169.0).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchMissingParams {
+    pub watch_id: u64,
+    pub missing: Vec<String>,
+    /// One path that exists now (not an array).
+    #[serde(default)]
+    pub present: Option<String>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct WatchMissingResult {
+    pub watching: bool,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WriteBlockParams {

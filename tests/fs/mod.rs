@@ -10,6 +10,7 @@ mod read_write;
 mod sandbox;
 mod surface;
 mod walk;
+mod watch;
 mod write_handles;
 
 use std::path::{Path, PathBuf};

@@ -16,6 +16,8 @@
 //! * `read_file`, `write_file`, `create_directory`, `metadata` (`fs/getMetadata`,
 //!   `fs/canonicalize`), `read_directory`, `walk`, `remove`, `copy` — one module per
 //!   method.
+//! * `watch` — `fs/watchMissing` and the `fs/watch` / `fs/unwatch` extension, on one
+//!   inotify instance; watches are session state.
 //! * `handles` — `fs/open`, `fs/readBlock`, `fs/writeBlock`, `fs/close` and the
 //!   per-connection handle table.
 //! * `replace` — the new version behind a `replace` handle, put in place atomically.
@@ -42,6 +44,7 @@ mod replace;
 mod routing;
 mod stream_write;
 mod walk;
+mod watch;
 mod write_file;
 
 use std::sync::Arc;
@@ -49,7 +52,7 @@ use std::sync::Arc;
 use exec_server_core::proto::environment::capability;
 use exec_server_core::proto::fs::{
     CANONICALIZE, CLOSE, COPY, CREATE_DIRECTORY, FAMILY_LABEL, GET_METADATA, OPEN, READ_BLOCK,
-    READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_BLOCK, WRITE_FILE,
+    READ_DIRECTORY, READ_FILE, REMOVE, WALK, WATCH_MISSING, WRITE_BLOCK, WRITE_FILE,
 };
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
 use exec_server_sandbox::SandboxRuntime;
@@ -63,7 +66,7 @@ pub use helper::run_fs_helper_main;
 exec_server_core::inventory::submit! {
     Plugin {
         name: "fs",
-        summary: "filesystem methods: read, write, list, walk, copy, remove, streamed reads and writes",
+        summary: "filesystem methods: read, write, list, walk, copy, remove, streamed reads and writes, watches",
         methods: &[
             MethodDecl { name: READ_FILE, family: FAMILY_LABEL },
             MethodDecl { name: WRITE_FILE, family: FAMILY_LABEL },
@@ -78,6 +81,9 @@ exec_server_core::inventory::submit! {
             MethodDecl { name: READ_BLOCK, family: FAMILY_LABEL },
             MethodDecl { name: WRITE_BLOCK, family: FAMILY_LABEL },
             MethodDecl { name: CLOSE, family: FAMILY_LABEL },
+            MethodDecl { name: WATCH_MISSING, family: FAMILY_LABEL },
+            MethodDecl { name: watch::changes::WATCH, family: FAMILY_LABEL },
+            MethodDecl { name: watch::changes::UNWATCH, family: FAMILY_LABEL },
         ],
         config: Some(checked_section::<FsConfig>),
         install,
@@ -91,6 +97,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
         pool: BlockingPool::new(&config),
         config,
         sandbox,
+        inotify: std::sync::Mutex::new(None),
     });
     install.method_with(READ_FILE, &config, read_file::handle);
     install.method_with(WRITE_FILE, &config, write_file::handle);
@@ -109,6 +116,15 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.capability(
         capability::FILE_WRITE_STREAMING,
         &[OPEN, WRITE_BLOCK, CLOSE],
+    );
+    install.method_with(WATCH_MISSING, &config, watch::missing::handle);
+    install.capability(capability::FS_WATCH_MISSING, &[WATCH_MISSING]);
+    install.extension(watch::changes::EXTENSION, &[watch::changes::CHANGED]);
+    install.method_with(watch::changes::WATCH, &config, watch::changes::handle_watch);
+    install.method_with(
+        watch::changes::UNWATCH,
+        &config,
+        watch::changes::handle_unwatch,
     );
     Ok(())
 }

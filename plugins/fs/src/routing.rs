@@ -31,6 +31,8 @@ pub(crate) struct FsState {
     pub(crate) config: FsConfig,
     pub(crate) pool: BlockingPool,
     pub(crate) sandbox: std::sync::Arc<SandboxRuntime>,
+    /// The inotify instance every watch shares, created by the first watch.
+    pub(crate) inotify: std::sync::Mutex<Option<std::sync::Arc<crate::watch::inotify::Inotify>>>,
 }
 
 impl Deref for FsState {
@@ -256,6 +258,7 @@ mod tests {
             pool: BlockingPool::new(&config),
             config,
             sandbox: runtime().into(),
+            inotify: std::sync::Mutex::new(None),
         };
         let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
