@@ -2,6 +2,11 @@
 //! `<exe> --codex-run-as-fs-helper --policy <json> [--max-request-bytes <n>]`, which confines
 //! itself, reads one request from stdin, runs it and writes one response line.
 //!
+//! Without `--policy` (how codex starts its own helper) it confines nothing further: the
+//! request runs with exactly the rights the helper was started with, which it never
+//! raises (`no_new_privs`), and the answers are those of codex's helper. The server itself
+//! always passes `--policy` (see `runner`).
+//!
 //! * this module — the protocol types and the helper's `main` (§4.1, §4.4–§4.7);
 //! * `checks` — the per-operation user-space checks (§5.6) and the denial flag (§7.1);
 //! * `runner` — the server side: spawn, time-out, limits, and every failure answer (§4.2, §4.6).
@@ -67,6 +72,10 @@ pub trait HelperOperation: std::fmt::Debug {
     /// check every path it touches against `policy` again and act only through descriptors
     /// opened exactly at what it approved ([`crate::anchored`]), never reopen a path.
     fn run(self: Box<Self>, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError>;
+
+    /// Runs the operation without a policy, with the rights the helper has, as the server
+    /// runs it in-process.
+    fn run_unconfined(self: Box<Self>) -> Result<Box<RawValue>, RpcError>;
 }
 
 /// The host's decoder: `operation` is the method name, `params` the request's params
@@ -128,7 +137,8 @@ impl From<ErrorPayload> for RpcError {
 /// The helper's command line.
 #[derive(Debug)]
 struct HelperArgs {
-    policy: String,
+    /// `None`: run under the confinement the helper was started in.
+    policy: Option<String>,
     max_request_bytes: u64,
 }
 
@@ -155,7 +165,7 @@ fn parse_args(args: &[OsString]) -> Result<HelperArgs, String> {
         }
     }
     Ok(HelperArgs {
-        policy: policy.ok_or("missing --policy")?,
+        policy,
         max_request_bytes,
     })
 }
@@ -168,7 +178,10 @@ pub fn main(args: &[OsString], decoder: FsDecoder) -> i32 {
         Ok(args) => args,
         Err(e) => return usage_error(&e),
     };
-    let (policy, enforcement) = match SandboxPolicy::from_helper_json(&args.policy) {
+    let Some(policy) = &args.policy else {
+        return run_unconfined(args.max_request_bytes, decoder);
+    };
+    let (policy, enforcement) = match SandboxPolicy::from_helper_json(policy) {
         Ok(parsed) => parsed,
         Err(e) => return usage_error(&format!("invalid --policy: {e}")),
     };
@@ -193,6 +206,50 @@ pub fn main(args: &[OsString], decoder: FsDecoder) -> i32 {
     respond(run_request(request, &policy, decoder))
 }
 
+/// The helper started without `--policy`: the request runs with the rights the process
+/// has, and `no_new_privs` makes sure nothing it could do raises them.
+fn run_unconfined(max_request_bytes: u64, decoder: FsDecoder) -> i32 {
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return runtime_error(&format!(
+            "cannot set no_new_privs: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let request = match read_request(max_request_bytes) {
+        Ok(request) => request,
+        Err(e) => return runtime_error(&e),
+    };
+    respond(run_request_unconfined(request, decoder))
+}
+
+/// Steps 5–7 for a decoded request, without a policy: no checks, nothing classified as
+/// a sandbox denial.
+fn run_request_unconfined(request: HelperRequest, decoder: FsDecoder) -> HelperResponse {
+    let operation = request.operation;
+    let result = decode_params(&request.params)
+        .and_then(|params| decoder(&operation, params))
+        .and_then(|decoded| decoded.run_unconfined());
+    match result {
+        Ok(response) => HelperResponse::Ok(OkPayload {
+            operation,
+            response,
+        }),
+        Err(e) => HelperResponse::Error(e.into()),
+    }
+}
+
+/// A request's params, refused if they carry a sandbox: the helper only runs what a
+/// caller already decided to run directly.
+fn decode_params(params: &RawValue) -> Result<Value, RpcError> {
+    let params: Value =
+        serde_json::from_str(params.get()).map_err(|e| RpcError::invalid_params(e.to_string()))?;
+    if params.get("sandbox").is_some_and(|s| !s.is_null()) {
+        return Err(RpcError::direct_operation_with_sandbox());
+    }
+    Ok(params)
+}
+
 /// UTS and IPC namespaces of its own (and a user namespace when unprivileged), so that a
 /// root helper cannot rename the host or reach the host's System V IPC objects. Mount and
 /// network namespaces are left out: the helper mounts nothing and seccomp already closes
@@ -214,13 +271,10 @@ fn run_request(
     decoder: FsDecoder,
 ) -> HelperResponse {
     let operation = request.operation;
-    let params: Value = match serde_json::from_str(request.params.get()) {
+    let params = match decode_params(&request.params) {
         Ok(params) => params,
-        Err(e) => return HelperResponse::Error(RpcError::invalid_params(e.to_string()).into()),
+        Err(e) => return HelperResponse::Error(e.into()),
     };
-    if params.get("sandbox").is_some_and(|s| !s.is_null()) {
-        return HelperResponse::Error(RpcError::direct_operation_with_sandbox().into());
-    }
     let result = decoder(&operation, params).and_then(|decoded| {
         let targets = precheck(&decoded.targets(), policy)?;
         decoded

@@ -5,6 +5,7 @@
 mod copy_remove;
 mod directories;
 mod handles;
+mod helper;
 mod paths;
 mod read_write;
 mod sandbox;

@@ -5,6 +5,8 @@
 
 use std::ffi::OsString;
 
+use std::time::Duration;
+
 use exec_server_core::helpers::HiddenHelper;
 use exec_server_core::proto::RpcError;
 use exec_server_sandbox::fs_helper::{HelperOperation, Target, FS_HELPER_ARG1};
@@ -12,6 +14,7 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::copy::Copy;
 use crate::create_directory::CreateDirectory;
@@ -108,6 +111,12 @@ impl<O: FsOperation> HelperOperation for InHelper<O> {
 
     fn run(self: Box<Self>, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError> {
         O::output_to_wire(self.0.run_confined(policy)?)
+    }
+
+    /// What the server runs in-process, with the helper's default deadline.
+    fn run_unconfined(self: Box<Self>) -> Result<Box<RawValue>, RpcError> {
+        let timeout = Duration::from_millis(helper_limits().operation_timeout_ms);
+        O::output_to_wire(self.0.run(Deadline::new(O::METHOD, timeout))?)
     }
 }
 
