@@ -132,6 +132,8 @@ both_transports!(watch_missing_semantics, |mut client: Client| async move {
         )
         .await;
     assert_eq!(error["code"], -32602, "{error}");
+    // Params in error change nothing: the id is still free.
+    assert!(watch_missing(&mut client, 300, &[&dir.join("later")], None).await);
 });
 
 /// Lines `inotify wd:` in the fdinfo of every inotify instance of process `pid`: its

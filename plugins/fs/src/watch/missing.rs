@@ -58,6 +58,8 @@ pub(crate) async fn handle(
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
     )?;
+    // A path that is not one is an error of the params, before anything changes.
+    let paths = parse_paths(&params)?;
     let session = cx.session();
     let watches = session.state(WatchSession::default);
     // Ids only go up; a stale id changes nothing, not even the current watch.
@@ -66,7 +68,7 @@ pub(crate) async fn handle(
     }
     // The previous watch ends now, whatever this request answers.
     drop(watches.replace_missing(None));
-    let Some(plan) = plan(&params)? else {
+    let Some(plan) = paths.and_then(plan) else {
         return Ok(WatchMissingResult { watching: false });
     };
     let budget = state.max_watches_per_session;
@@ -107,32 +109,35 @@ impl Plan {
     }
 }
 
-/// Codex's checks: `None` for every case it answers `watching: false`.
-fn plan(params: &WatchMissingParams) -> Result<Option<Plan>, RpcError> {
-    if params.missing.is_empty() || params.missing.len() > MAX_MISSING_PATHS {
+/// A request's `(missing, present)` as host paths.
+type Paths = (Vec<PathBuf>, Option<PathBuf>);
+
+/// The request's paths; `None` when one names another host (never watchable), an error
+/// when one is not a path at all.
+fn parse_paths(params: &WatchMissingParams) -> Result<Option<Paths>, RpcError> {
+    let texts = params.missing.iter().chain(params.present.iter());
+    if texts.clone().any(|text| names_another_host(text)) {
         return Ok(None);
     }
-    let mut missing = Vec::with_capacity(params.missing.len());
-    for text in &params.missing {
-        if names_another_host(text) {
-            return Ok(None);
-        }
-        missing.push(parse_path(text).map_err(|e| e.into_rpc(text))?);
+    let mut paths = texts
+        .map(|text| parse_path(text).map_err(|e| e.into_rpc(text)))
+        .collect::<Result<Vec<PathBuf>, RpcError>>()?;
+    let present = params.present.is_some().then(|| paths.pop()).flatten();
+    Ok(Some((paths, present)))
+}
+
+/// Codex's checks: `None` for every case it answers `watching: false`.
+fn plan((missing, present): Paths) -> Option<Plan> {
+    if missing.is_empty() || missing.len() > MAX_MISSING_PATHS {
+        return None;
     }
-    let present = match &params.present {
-        Some(text) if names_another_host(text) => return Ok(None),
-        Some(text) => Some(parse_path(text).map_err(|e| e.into_rpc(text))?),
-        None => None,
-    };
     let mut ancestors: Vec<(PathBuf, Vec<OsString>)> = Vec::new();
     for path in &missing {
         if exists(path) || path.starts_with("/proc") {
-            return Ok(None);
+            return None;
         }
-        let Some((ancestor, next)) = nearest_existing_ancestor(path) else {
-            // Below an existing non-directory: it can never appear.
-            return Ok(None);
-        };
+        // Below an existing non-directory, a path can never appear.
+        let (ancestor, next) = nearest_existing_ancestor(path)?;
         match ancestors.iter_mut().find(|(p, _)| *p == ancestor) {
             Some((_, names)) if names.contains(&next) => {}
             Some((_, names)) => names.push(next),
@@ -145,15 +150,15 @@ fn plan(params: &WatchMissingParams) -> Result<Option<Plan>, RpcError> {
         .collect();
     if let Some(present) = &present {
         if !exists(present) {
-            return Ok(None);
+            return None;
         }
         watches.push((present.clone(), PRESENT_MASK, None));
     }
-    Ok(Some(Plan {
+    Some(Plan {
         missing,
         watches,
         present,
-    }))
+    })
 }
 
 /// A `file:` URI with a host other than the local one: never watchable.
