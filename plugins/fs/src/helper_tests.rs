@@ -122,6 +122,13 @@ fn targets_name_the_access_each_path_needs() {
             need: exec_server_sandbox::fs_helper::Need::Write
         }]
     );
+    // `recursive` defaults to true for the check as for the removal (the member-by-name
+    // check this replaces read a missing `recursive` as false).
+    let remove = targets(REMOVE, json!({"path": "/a/l"}));
+    assert_eq!(
+        remove[0].need,
+        exec_server_sandbox::fs_helper::Need::WriteTreeIfDirectory
+    );
     let copy = targets(
         COPY,
         json!({"sourcePath": "/s", "destinationPath": "/d", "recursive": false}),
