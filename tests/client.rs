@@ -312,6 +312,7 @@ async fn stdio_typed_calls_for_every_family() {
         .fs_open(OpenParams {
             handle_id: "h1".into(),
             path: copy.clone(),
+            mode: None,
             sandbox: None,
             sandbox_policy: None,
         })

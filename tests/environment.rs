@@ -41,6 +41,8 @@ pub fn implemented_flags() -> &'static [&'static str] {
         "capabilityDiscoverySandbox",
         "capabilityDiscoveryV2",
         "environmentConfigRead",
+        "fileWriteStreaming",
+        "fsWatchMissing",
     ]
 }
 

@@ -45,6 +45,12 @@ pub fn decode_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
     BASE64.decode(text)
 }
 
+/// Deserializes a base64 string member into its bytes; the decoder's text is the error.
+pub fn deserialize_base64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    let text = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+    decode_base64(&text).map_err(serde::de::Error::custom)
+}
+
 /// Encodes bytes as padded base64.
 pub fn encode_base64(bytes: &[u8]) -> String {
     BASE64.encode(bytes)

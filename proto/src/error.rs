@@ -18,7 +18,7 @@ pub mod code {
     pub const INVALID_PARAMS: i64 = -32602;
     /// Internal and OS errors.
     pub const INTERNAL_ERROR: i64 = -32603;
-    /// Filesystem *not found* and unknown read handles.
+    /// Filesystem *not found* and unknown file handles.
     pub const NOT_FOUND: i64 = -32004;
     /// `resumeSessionId` names a session attached to another connection.
     pub const SESSION_ATTACHED: i64 = -32010;
@@ -304,11 +304,11 @@ impl RpcError {
     }
 
     pub fn handle_id_too_long() -> Self {
-        Self::invalid_request("file read handle ID must not exceed 32 bytes")
+        Self::invalid_request("file handle ID must not exceed 32 bytes")
     }
 
     pub fn handle_exists(id: &str) -> Self {
-        Self::invalid_request(format!("file read handle `{id}` already exists"))
+        Self::invalid_request(format!("file handle `{id}` already exists"))
     }
 
     /// A session at the limit of one of its quotas (fair share): names what is counted,
@@ -337,7 +337,7 @@ impl RpcError {
 
     pub fn too_many_handles(limit: usize) -> Self {
         Self::invalid_request(format!(
-            "at most {limit} file reads may be open per connection"
+            "at most {limit} file handles may be open per connection"
         ))
     }
 
@@ -347,8 +347,19 @@ impl RpcError {
         ))
     }
 
+    pub fn write_block_len_out_of_range(max: usize) -> Self {
+        Self::invalid_request(format!(
+            "file write block length must be between 1 and {max}"
+        ))
+    }
+
+    /// `fs/writeBlock` whose `offset + len(chunk)` passes 2^63 − 1.
+    pub fn write_range_too_large() -> Self {
+        Self::invalid_request("file write range exceeds the signed 64-bit file offset limit")
+    }
+
     pub fn unknown_handle(id: &str) -> Self {
-        Self::not_found(format!("unknown file read handle `{id}`"))
+        Self::not_found(format!("unknown file handle `{id}`"))
     }
 
     /// Maps an OS error per §5.3: not found → -32004, permission denied or invalid input →

@@ -17,6 +17,10 @@ pub const COPY: &str = "fs/copy";
 pub const OPEN: &str = "fs/open";
 pub const READ_BLOCK: &str = "fs/readBlock";
 pub const CLOSE: &str = "fs/close";
+pub const WRITE_BLOCK: &str = "fs/writeBlock";
+pub const WATCH_MISSING: &str = "fs/watchMissing";
+/// Server → client notification of `fs/watchMissing`.
+pub const MISSING_CHANGED: &str = "fs/missingChanged";
 
 /// Gating family label of every `fs/*` method (§2.10).
 pub const FAMILY_LABEL: &str = "filesystem";
@@ -215,10 +219,24 @@ pub struct CopyParams {
 pub struct OpenParams {
     pub handle_id: String,
     pub path: String,
+    /// Omitted (or `null`, a leniency) means [`OpenMode::Read`].
+    #[serde(default)]
+    pub mode: Option<OpenMode>,
     #[serde(default)]
     pub sandbox: Option<Value>,
     #[serde(default)]
     pub sandbox_policy: Option<Value>,
+}
+
+/// What an `fs/open` handle is for (codex 0.169.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpenMode {
+    /// `fs/readBlock` from an existing regular file.
+    #[default]
+    Read,
+    /// `fs/writeBlock` into a new version of the file, which replaces it at `fs/close`.
+    Replace,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -239,6 +257,36 @@ pub struct ReadBlockParams {
 pub struct ReadBlockResult<C = String> {
     pub chunk: C,
     pub eof: bool,
+}
+
+/// `fs/watchMissing` (codex 0.169.0).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchMissingParams {
+    pub watch_id: u64,
+    pub missing: Vec<String>,
+    /// One path that exists now (not an array).
+    #[serde(default)]
+    pub present: Option<String>,
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    #[serde(default)]
+    pub sandbox_policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct WatchMissingResult {
+    pub watching: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteBlockParams {
+    pub handle_id: String,
+    pub offset: u64,
+    /// Decoded while the params are: bad base64 is -32602 with the decoder's text.
+    #[serde(deserialize_with = "crate::bytes::deserialize_base64")]
+    pub chunk: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

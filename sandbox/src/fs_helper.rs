@@ -2,13 +2,19 @@
 //! `<exe> --codex-run-as-fs-helper --policy <json> [--max-request-bytes <n>]`, which confines
 //! itself, reads one request from stdin, runs it and writes one response line.
 //!
+//! Without `--policy` (how codex starts its own helper) it confines nothing further: the
+//! request runs with exactly the rights the helper was started with, which it never
+//! raises (`no_new_privs`), and the answers are those of codex's helper. The server itself
+//! always passes `--policy` (see `runner`).
+//!
 //! * this module — the protocol types and the helper's `main` (§4.1, §4.4–§4.7);
 //! * `checks` — the per-operation user-space checks (§5.6) and the denial flag (§7.1);
 //! * `runner` — the server side: spawn, time-out, limits, and every failure answer (§4.2, §4.6).
 //!
-//! The helper does not know how to perform an operation: the host passes it its
-//! synchronous filesystem executor (§5.7), which gives the server's results and error
-//! texts while acting only on what the policy approved.
+//! The helper does not know how to perform an operation: the host passes it its decoder
+//! (§5.7), which turns a request into the very operation the server would run, reporting
+//! the targets the checks approve first; it gives the server's results and error texts
+//! while acting only on what the policy approved.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -25,7 +31,7 @@ use crate::policy::SandboxPolicy;
 mod checks;
 pub mod runner;
 
-pub use checks::precheck;
+pub use checks::{precheck, CheckedTarget, Need, Target};
 
 /// `argv[1]` of the fs helper.
 pub const FS_HELPER_ARG1: &str = "--codex-run-as-fs-helper";
@@ -54,14 +60,28 @@ pub const OPERATIONS: &[&str] = &[
     "fs/copy",
 ];
 
-/// Runs one operation synchronously with the host's filesystem core: `operation` is the
-/// method name, `params` the request's params (with `"sandbox": null`). The targets have
-/// passed [`precheck`], but that only refuses early: the executor must resolve and check
-/// every path it touches against `policy` again and act only through descriptors opened
-/// exactly at what it approved ([`crate::anchored`]), never reopen a path. Returns the
-/// serialised result.
-pub type FsExecutor =
-    fn(operation: &str, params: Value, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError>;
+/// One request decoded by the host's filesystem core (§5.7): the operation with every
+/// default applied, ready to run.
+pub trait HelperOperation: std::fmt::Debug {
+    /// The paths the operation will touch and the access it needs at each, checked by
+    /// [`precheck`] before [`HelperOperation::run`].
+    fn targets(&self) -> Vec<Target>;
+
+    /// Runs the operation synchronously and returns the serialised result. The targets have
+    /// passed [`precheck`], but that only refuses early: the operation must resolve and
+    /// check every path it touches against `policy` again and act only through descriptors
+    /// opened exactly at what it approved ([`crate::anchored`]), never reopen a path.
+    fn run(self: Box<Self>, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError>;
+
+    /// Runs the operation without a policy, with the rights the helper has, as the server
+    /// runs it in-process.
+    fn run_unconfined(self: Box<Self>) -> Result<Box<RawValue>, RpcError>;
+}
+
+/// The host's decoder: `operation` is the method name, `params` the request's params
+/// (with `"sandbox": null`).
+pub type FsDecoder =
+    fn(operation: &str, params: Value) -> Result<Box<dyn HelperOperation>, RpcError>;
 
 /// The request line (server → helper).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -117,7 +137,8 @@ impl From<ErrorPayload> for RpcError {
 /// The helper's command line.
 #[derive(Debug)]
 struct HelperArgs {
-    policy: String,
+    /// `None`: run under the confinement the helper was started in.
+    policy: Option<String>,
     max_request_bytes: u64,
 }
 
@@ -144,20 +165,23 @@ fn parse_args(args: &[OsString]) -> Result<HelperArgs, String> {
         }
     }
     Ok(HelperArgs {
-        policy: policy.ok_or("missing --policy")?,
+        policy,
         max_request_bytes,
     })
 }
 
 /// The helper's `main` (§4.7) without the process exit: `args` are the arguments after
 /// the sentinel; returns the exit status. Single-threaded and synchronous throughout.
-pub fn main(args: &[OsString], executor: FsExecutor) -> i32 {
+pub fn main(args: &[OsString], decoder: FsDecoder) -> i32 {
     set_parent_death_signal();
     let args = match parse_args(args) {
         Ok(args) => args,
         Err(e) => return usage_error(&e),
     };
-    let (policy, enforcement) = match SandboxPolicy::from_helper_json(&args.policy) {
+    let Some(policy) = &args.policy else {
+        return run_unconfined(args.max_request_bytes, decoder);
+    };
+    let (policy, enforcement) = match SandboxPolicy::from_helper_json(policy) {
         Ok(parsed) => parsed,
         Err(e) => return usage_error(&format!("invalid --policy: {e}")),
     };
@@ -179,7 +203,51 @@ pub fn main(args: &[OsString], executor: FsExecutor) -> i32 {
         Ok(request) => request,
         Err(e) => return runtime_error(&e),
     };
-    respond(run_request(request, &policy, executor))
+    respond(run_request(request, &policy, decoder))
+}
+
+/// The helper started without `--policy`: the request runs with the rights the process
+/// has, and `no_new_privs` makes sure nothing it could do raises them.
+fn run_unconfined(max_request_bytes: u64, decoder: FsDecoder) -> i32 {
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return runtime_error(&format!(
+            "cannot set no_new_privs: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let request = match read_request(max_request_bytes) {
+        Ok(request) => request,
+        Err(e) => return runtime_error(&e),
+    };
+    respond(run_request_unconfined(request, decoder))
+}
+
+/// Steps 5–7 for a decoded request, without a policy: no checks, nothing classified as
+/// a sandbox denial.
+fn run_request_unconfined(request: HelperRequest, decoder: FsDecoder) -> HelperResponse {
+    let operation = request.operation;
+    let result = decode_params(&request.params)
+        .and_then(|params| decoder(&operation, params))
+        .and_then(|decoded| decoded.run_unconfined());
+    match result {
+        Ok(response) => HelperResponse::Ok(OkPayload {
+            operation,
+            response,
+        }),
+        Err(e) => HelperResponse::Error(e.into()),
+    }
+}
+
+/// A request's params, refused if they carry a sandbox: the helper only runs what a
+/// caller already decided to run directly.
+fn decode_params(params: &RawValue) -> Result<Value, RpcError> {
+    let params: Value =
+        serde_json::from_str(params.get()).map_err(|e| RpcError::invalid_params(e.to_string()))?;
+    if params.get("sandbox").is_some_and(|s| !s.is_null()) {
+        return Err(RpcError::direct_operation_with_sandbox());
+    }
+    Ok(params)
 }
 
 /// UTS and IPC namespaces of its own (and a user namespace when unprivileged), so that a
@@ -200,18 +268,18 @@ fn enter_namespaces() -> Result<Namespaces, ()> {
 fn run_request(
     request: HelperRequest,
     policy: &SandboxPolicy,
-    executor: FsExecutor,
+    decoder: FsDecoder,
 ) -> HelperResponse {
     let operation = request.operation;
-    let params: Value = match serde_json::from_str(request.params.get()) {
+    let params = match decode_params(&request.params) {
         Ok(params) => params,
-        Err(e) => return HelperResponse::Error(RpcError::invalid_params(e.to_string()).into()),
+        Err(e) => return HelperResponse::Error(e.into()),
     };
-    if params.get("sandbox").is_some_and(|s| !s.is_null()) {
-        return HelperResponse::Error(RpcError::direct_operation_with_sandbox().into());
-    }
-    let result = precheck(&operation, &params, policy).and_then(|targets| {
-        executor(&operation, params, policy).map_err(|e| checks::mark_denial(e, &targets, policy))
+    let result = decoder(&operation, params).and_then(|decoded| {
+        let targets = precheck(&decoded.targets(), policy)?;
+        decoded
+            .run(policy)
+            .map_err(|e| checks::mark_denial(e, &targets, policy))
     });
     match result {
         Ok(response) => HelperResponse::Ok(OkPayload {

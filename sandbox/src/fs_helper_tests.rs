@@ -39,35 +39,74 @@ fn the_unenforceable_response_is_the_documented_line() {
 }
 
 #[test]
-fn arguments_need_a_policy() {
-    assert_eq!(parse_args(&[]).unwrap_err(), "missing --policy");
+fn arguments_may_leave_the_policy_out() {
+    let parsed = parse_args(&[]).unwrap();
+    assert_eq!(parsed.policy, None);
+    assert_eq!(parsed.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
+    assert_eq!(
+        parse_args(&[OsString::from("--policy")]).unwrap_err(),
+        "--policy needs a UTF-8 value"
+    );
     let args: Vec<OsString> = ["--policy", "{}", "--max-request-bytes", "10"]
         .iter()
         .map(OsString::from)
         .collect();
     let parsed = parse_args(&args).unwrap();
     assert_eq!(
-        (parsed.policy.as_str(), parsed.max_request_bytes),
-        ("{}", 10)
+        (parsed.policy.as_deref(), parsed.max_request_bytes),
+        (Some("{}"), 10)
     );
     let parsed = parse_args(&args[..2]).unwrap();
     assert_eq!(parsed.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
 }
 
-fn echo_executor(
-    operation: &str,
-    params: Value,
-    _policy: &SandboxPolicy,
-) -> Result<Box<RawValue>, RpcError> {
-    Ok(serde_json::value::to_raw_value(&json!({"op": operation, "params": params})).unwrap())
+/// A decoder whose operations need write access to `path` and answer with their request.
+fn echo_decoder(operation: &str, params: Value) -> Result<Box<dyn HelperOperation>, RpcError> {
+    Ok(Box::new(Probe {
+        operation: operation.to_owned(),
+        params,
+        error: None,
+    }))
 }
 
-fn denying_executor(
-    _operation: &str,
-    _params: Value,
-    _policy: &SandboxPolicy,
-) -> Result<Box<RawValue>, RpcError> {
-    Err(RpcError::from_io(&std::io::Error::from_raw_os_error(13)))
+/// Like [`echo_decoder`], but the operations fail with a permission error.
+fn denying_decoder(operation: &str, params: Value) -> Result<Box<dyn HelperOperation>, RpcError> {
+    Ok(Box::new(Probe {
+        operation: operation.to_owned(),
+        params,
+        error: Some(RpcError::from_io(&std::io::Error::from_raw_os_error(13))),
+    }))
+}
+
+#[derive(Debug)]
+struct Probe {
+    operation: String,
+    params: Value,
+    error: Option<RpcError>,
+}
+
+impl HelperOperation for Probe {
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.params["path"].as_str().unwrap().into(),
+            follow_last: true,
+            need: Need::Write,
+        }]
+    }
+
+    fn run(self: Box<Self>, _policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError> {
+        self.run_unconfined()
+    }
+
+    fn run_unconfined(self: Box<Self>) -> Result<Box<RawValue>, RpcError> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        Ok(
+            serde_json::value::to_raw_value(&json!({"op": self.operation, "params": self.params}))
+                .unwrap(),
+        )
+    }
 }
 
 fn policy_for(writable: &std::path::Path) -> SandboxPolicy {
@@ -101,7 +140,7 @@ fn requests_with_a_sandbox_are_refused() {
         ),
     };
     assert_eq!(
-        response_json(run_request(request, &policy, echo_executor)),
+        response_json(run_request(request, &policy, echo_decoder)),
         json!({"status": "error", "payload": {"code": -32600, "message": "direct filesystem operations do not accept sandbox context"}})
     );
 }
@@ -111,22 +150,22 @@ fn checks_run_before_the_executor_and_permission_errors_are_classified() {
     let dir = tempfile::tempdir().unwrap();
     let t = std::fs::canonicalize(dir.path()).unwrap();
     let policy = policy_for(&t);
-    let write = |path: &std::path::Path, executor: FsExecutor| {
+    let write = |path: &std::path::Path, decoder: FsDecoder| {
         let request = HelperRequest {
             operation: "fs/writeFile".into(),
             params: raw(json!({"path": path.to_str().unwrap(), "dataBase64": "", "sandbox": null})),
         };
-        response_json(run_request(request, &policy, executor))
+        response_json(run_request(request, &policy, decoder))
     };
     let carve_out = t.join(".git/config");
     assert_eq!(
-        write(&carve_out, echo_executor)["payload"],
+        write(&carve_out, echo_decoder)["payload"],
         json!({"code": -32600, "data": {"sandboxDenied": true}, "message": format!("write access to {} is not permitted by the filesystem sandbox", carve_out.display())})
     );
-    assert_eq!(write(&t.join("a"), echo_executor)["status"], "ok");
+    assert_eq!(write(&t.join("a"), echo_decoder)["status"], "ok");
     // Allowed by the policy: an ordinary permission error, no flag.
     assert_eq!(
-        write(&t.join("a"), denying_executor)["payload"],
+        write(&t.join("a"), denying_decoder)["payload"],
         json!({"code": -32600, "message": "Permission denied (os error 13)"})
     );
 }

@@ -15,7 +15,7 @@ use crate::util::WsServer;
 /// parity work). While it does not, its capability flag `fsWatchMissing` is `false` and
 /// codex does not call the method; once it does, codex calls it in every session and it
 /// must succeed. FLIP THIS to `true` when `fs/watchMissing` lands.
-const FS_WATCH_MISSING_IMPLEMENTED: bool = false;
+const FS_WATCH_MISSING_IMPLEMENTED: bool = true;
 
 /// How long the whole `codex exec` run may take before the test gives up.
 const RUN_DEADLINE: Duration = Duration::from_secs(180);

@@ -21,10 +21,16 @@ pub struct FsConfig {
     pub walk_max_entries: usize,
     /// Bytes of paths and messages one `fs/walk` answer may carry.
     pub walk_response_budget_bytes: usize,
-    /// Read handles one connection may hold open (§5.14).
+    /// Read and replace handles one connection may hold open (§5.14).
     pub max_open_handles: usize,
     /// Largest `len` of one `fs/readBlock` (§5.15).
     pub max_read_block_bytes: usize,
+    /// Largest decoded `chunk` of one `fs/writeBlock`.
+    pub max_write_block_bytes: usize,
+    /// Kernel watches one session may hold for `fs/watchMissing` and `fs/watch`.
+    pub max_watches_per_session: usize,
+    /// How long `fs/watch` gathers changes after the first before sending them.
+    pub watch_debounce_ms: u64,
     /// Deadline of one in-process operation, from the moment it gets a blocking slot.
     pub operation_timeout_ms: u64,
     /// Blocking operations one session runs at once; more wait for their turn.
@@ -48,6 +54,9 @@ impl Default for FsConfig {
             walk_response_budget_bytes: 4 * 1024 * 1024,
             max_open_handles: 128,
             max_read_block_bytes: 1024 * 1024,
+            max_write_block_bytes: 1024 * 1024,
+            max_watches_per_session: 256,
+            watch_debounce_ms: 50,
             operation_timeout_ms: 60_000,
             max_blocking_per_session: 8,
             max_blocking_total: 64,
@@ -81,6 +90,11 @@ impl CheckedSection for FsConfig {
                 ),
                 ("max_open_handles", self.max_open_handles as u64),
                 ("max_read_block_bytes", self.max_read_block_bytes as u64),
+                ("max_write_block_bytes", self.max_write_block_bytes as u64),
+                (
+                    "max_watches_per_session",
+                    self.max_watches_per_session as u64,
+                ),
                 ("operation_timeout_ms", self.operation_timeout_ms),
                 (
                     "max_blocking_per_session",
@@ -109,6 +123,9 @@ mod tests {
         assert_eq!(config.walk_response_budget_bytes, 4_194_304);
         assert_eq!(config.max_open_handles, 128);
         assert_eq!(config.max_read_block_bytes, 1_048_576);
+        assert_eq!(config.max_write_block_bytes, 1_048_576);
+        assert_eq!(config.max_watches_per_session, 256);
+        assert_eq!(config.watch_debounce_ms, 50);
         assert_eq!(config.operation_timeout_ms, 60_000);
         assert_eq!(config.max_blocking_per_session, 8);
         assert_eq!(config.max_blocking_total, 64);

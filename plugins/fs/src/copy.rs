@@ -10,13 +10,15 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::CopyParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
+use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::routing::{execute, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, to_wire, FsOperation, FsState};
 use crate::{nonblocking, stream_write};
 
 pub(crate) async fn handle(
@@ -24,19 +26,7 @@ pub(crate) async fn handle(
     cx: Call,
     params: CopyParams,
 ) -> Result<Empty, RpcError> {
-    let operation = Copy {
-        source: host_path(&params.source_path)?,
-        destination: host_path(&params.destination_path)?,
-        recursive: params.recursive,
-    };
-    execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await?;
+    execute_params::<Copy>(&config, cx.session(), params).await?;
     Ok(Empty {})
 }
 
@@ -49,8 +39,32 @@ pub(crate) struct Copy {
 }
 
 impl FsOperation for Copy {
+    type Params = CopyParams;
     type Output = ();
     const METHOD: &'static str = exec_server_core::proto::fs::COPY;
+
+    fn from_params(params: CopyParams, _limits: &FsConfig) -> Result<Self, RpcError> {
+        Ok(Self {
+            source: host_path(&params.source_path)?,
+            destination: host_path(&params.destination_path)?,
+            recursive: params.recursive,
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        vec![
+            Target {
+                path: self.source.clone(),
+                follow_last: false,
+                need: Need::Read,
+            },
+            Target {
+                path: self.destination.clone(),
+                follow_last: true,
+                need: Need::WriteTree,
+            },
+        ]
+    }
 
     fn run(self, deadline: Deadline) -> Result<(), RpcError> {
         copy(&self.source, &self.destination, self.recursive, &deadline)

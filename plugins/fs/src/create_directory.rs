@@ -8,32 +8,22 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::CreateDirectoryParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
+use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::routing::{execute, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
     cx: Call,
     params: CreateDirectoryParams,
 ) -> Result<Empty, RpcError> {
-    let operation = CreateDirectory {
-        path: host_path(&params.path)?,
-        recursive: params.recursive.unwrap_or(true),
-        follow_symlinks: params.follow_symlinks.unwrap_or(true),
-    };
-    execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await?;
+    execute_params::<CreateDirectory>(&config, cx.session(), params).await?;
     Ok(Empty {})
 }
 
@@ -46,8 +36,25 @@ pub(crate) struct CreateDirectory {
 }
 
 impl FsOperation for CreateDirectory {
+    type Params = CreateDirectoryParams;
     type Output = ();
     const METHOD: &'static str = exec_server_core::proto::fs::CREATE_DIRECTORY;
+
+    fn from_params(params: CreateDirectoryParams, _limits: &FsConfig) -> Result<Self, RpcError> {
+        Ok(Self {
+            path: host_path(&params.path)?,
+            recursive: params.recursive.unwrap_or(true),
+            follow_symlinks: params.follow_symlinks.unwrap_or(true),
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.path.clone(),
+            follow_last: self.follow_symlinks,
+            need: Need::Write,
+        }]
+    }
 
     fn run(self, _deadline: Deadline) -> Result<(), RpcError> {
         create_directory(&self.path, self.recursive, self.follow_symlinks).or_rpc()

@@ -1,6 +1,9 @@
-//! Streamed reads (PROTOCOL §5.14–§5.16): `fs/open` puts a file in the connection's
-//! [`HandleTable`], `fs/readBlock` reads from it at an offset, `fs/close` drops it. The
-//! table is connection state, so every handle closes when its connection ends (§3.5).
+//! Streamed reads and writes (PROTOCOL §5.14–§5.16, codex 0.169.0 `fileWriteStreaming`):
+//! `fs/open` puts a file in the connection's [`HandleTable`]; `fs/readBlock` reads from a
+//! `read` handle at an offset; `fs/writeBlock` writes into a `replace` handle's new version
+//! (see `replace`); `fs/close` drops a handle, and puts a `replace` handle's new version in
+//! place. The table is connection state, so every handle closes when its connection ends
+//! (§3.5), and an uncommitted new version is removed then.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -10,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::{
-    CloseParams, HandleResult, OpenParams, ReadBlockParams, ReadBlockResult, MAX_HANDLE_ID_BYTES,
-    OPEN, READ_BLOCK,
+    CloseParams, HandleResult, OpenMode, OpenParams, ReadBlockParams, ReadBlockResult,
+    WriteBlockParams, CLOSE, MAX_HANDLE_ID_BYTES, OPEN, READ_BLOCK, WRITE_BLOCK,
 };
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
@@ -20,6 +23,7 @@ use crate::blocking::IoResultExt;
 use crate::paths::host_path;
 use crate::payload::Base64Bytes;
 use crate::read_file::open_regular;
+use crate::replace::ReplaceFile;
 use crate::routing::{check_streaming, FsState};
 
 pub(crate) async fn handle_open(
@@ -36,11 +40,15 @@ pub(crate) async fn handle_open(
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
     )?;
-    let file = config
+    let mode = params.mode.unwrap_or_default();
+    let handle = config
         .pool
-        .run(cx.session(), OPEN, move |_| open_regular(&path, true))
+        .run(cx.session(), OPEN, move |_| match mode {
+            OpenMode::Read => open_regular(&path, true).map(OpenHandle::Read),
+            OpenMode::Replace => ReplaceFile::open(&path).map(OpenHandle::Replace),
+        })
         .await?;
-    reservation.fill(file);
+    reservation.fill(handle);
     Ok(HandleResult {
         handle_id: params.handle_id,
     })
@@ -57,35 +65,100 @@ pub(crate) async fn handle_read_block(
         return Err(RpcError::block_len_out_of_range(max));
     }
     let table = cx.connection_state(HandleTable::default);
-    let file = table
+    let handle = table
         .get(&params.handle_id)
         .ok_or_else(|| RpcError::unknown_handle(&params.handle_id))?;
-    let reader = Arc::clone(&file);
+    if let OpenHandle::Replace(_) = &*handle {
+        // The wrong kind of request, not a failed read: the handle stays open.
+        return Err(bad_descriptor());
+    }
+    let reader = Arc::clone(&handle);
     let (offset, len) = (params.offset, params.len);
-    let read = config.pool.run(cx.session(), READ_BLOCK, move |_| {
-        read_block(&reader, offset, len).or_rpc()
-    });
+    let read = config
+        .pool
+        .run(cx.session(), READ_BLOCK, move |_| match &*reader {
+            OpenHandle::Read(file) => read_block(file, offset, len).or_rpc(),
+            OpenHandle::Replace(_) => Err(bad_descriptor()),
+        });
     match read.await {
         Ok(chunk) => Ok(ReadBlockResult {
             eof: chunk.len() < len,
             chunk: Base64Bytes(chunk),
         }),
         Err(error) => {
-            table.close_if_same(&params.handle_id, &file);
+            table.close_if_same(&params.handle_id, &handle);
             Err(error)
         }
     }
 }
 
+/// `fs/writeBlock`: checks in codex 0.169.0's order, then a positional write into the
+/// new version (a hole is zero-filled, an overlap overwrites).
+pub(crate) async fn handle_write_block(
+    config: Arc<FsState>,
+    cx: Call,
+    params: WriteBlockParams,
+) -> Result<Empty, RpcError> {
+    check_handle_id(&params.handle_id)?;
+    let max = config.max_write_block_bytes;
+    if params.chunk.is_empty() || params.chunk.len() > max {
+        return Err(RpcError::write_block_len_out_of_range(max));
+    }
+    let end = u64::try_from(params.chunk.len())
+        .ok()
+        .and_then(|len| params.offset.checked_add(len));
+    if end.is_none_or(|end| end > i64::MAX as u64) {
+        return Err(RpcError::write_range_too_large());
+    }
+    let table = cx.connection_state(HandleTable::default);
+    let handle = table
+        .get(&params.handle_id)
+        .ok_or_else(|| RpcError::unknown_handle(&params.handle_id))?;
+    let WriteBlockParams {
+        handle_id,
+        offset,
+        chunk,
+    } = params;
+    config
+        .pool
+        .run(cx.session(), WRITE_BLOCK, move |_| match &*handle {
+            OpenHandle::Read(_) => Err(bad_descriptor()),
+            OpenHandle::Replace(file) => match file.write_at(&chunk, offset) {
+                Some(written) => written.or_rpc(),
+                // Closed (and committed) while this write waited for its turn.
+                None => Err(RpcError::unknown_handle(&handle_id)),
+            },
+        })
+        .await?;
+    Ok(Empty {})
+}
+
+/// Closes a handle; a `replace` handle's new version is put in place first. If that
+/// fails, the error is the answer, the target is unchanged and the new version is removed.
 pub(crate) async fn handle_close(
-    _config: Arc<FsState>,
+    config: Arc<FsState>,
     cx: Call,
     params: CloseParams,
 ) -> Result<Empty, RpcError> {
     check_handle_id(&params.handle_id)?;
-    cx.connection_state(HandleTable::default)
+    let closed = cx
+        .connection_state(HandleTable::default)
         .close(&params.handle_id);
+    if let Some(handle) = closed {
+        if let OpenHandle::Replace(_) = &*handle {
+            let commit = move |_| match &*handle {
+                OpenHandle::Replace(file) => file.commit(),
+                OpenHandle::Read(_) => Ok(()),
+            };
+            config.pool.run(cx.session(), CLOSE, commit).await?;
+        }
+    }
     Ok(Empty {})
+}
+
+/// What codex answers for a read on a `replace` handle or a write on a `read` one.
+fn bad_descriptor() -> RpcError {
+    RpcError::from_io(&io::Error::from_raw_os_error(libc::EBADF))
 }
 
 fn check_handle_id(id: &str) -> Result<(), RpcError> {
@@ -117,7 +190,16 @@ pub(crate) fn read_block(file: &File, offset: u64, len: usize) -> io::Result<Vec
     Ok(buffer)
 }
 
-/// The read handles of one connection, by client-chosen id.
+/// What an open handle holds.
+#[derive(Debug)]
+pub(crate) enum OpenHandle {
+    /// The file opened for `fs/readBlock`.
+    Read(File),
+    /// The new version of a file, for `fs/writeBlock`.
+    Replace(ReplaceFile),
+}
+
+/// The read and replace handles of one connection, by client-chosen id.
 #[derive(Debug, Default)]
 pub(crate) struct HandleTable {
     inner: Mutex<Slots>,
@@ -135,7 +217,7 @@ struct Slots {
 enum Slot {
     /// Claimed by an `fs/open` that is still opening the file; counts against the limit.
     Opening(u64),
-    Open(Arc<File>),
+    Open(Arc<OpenHandle>),
 }
 
 impl HandleTable {
@@ -164,23 +246,27 @@ impl HandleTable {
         })
     }
 
-    /// The open file behind `id`.
-    pub(crate) fn get(&self, id: &str) -> Option<Arc<File>> {
+    /// The open handle behind `id`.
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<OpenHandle>> {
         match self.lock().by_id.get(id) {
-            Some(Slot::Open(file)) => Some(Arc::clone(file)),
+            Some(Slot::Open(handle)) => Some(Arc::clone(handle)),
             _ => None,
         }
     }
 
-    /// Closes `id` whatever its state; unknown ids are fine.
-    pub(crate) fn close(&self, id: &str) {
+    /// Closes `id` whatever its state; unknown ids are fine. Returns the handle if it was
+    /// open.
+    pub(crate) fn close(&self, id: &str) -> Option<Arc<OpenHandle>> {
         let removed = self.lock().by_id.remove(id);
-        drop(removed);
+        match removed {
+            Some(Slot::Open(handle)) => Some(handle),
+            _ => None,
+        }
     }
 
     /// Closes `id` if it still refers to `file` (a failed read must not close a handle
     /// opened later under the same id).
-    pub(crate) fn close_if_same(&self, id: &str, file: &Arc<File>) {
+    pub(crate) fn close_if_same(&self, id: &str, file: &Arc<OpenHandle>) {
         let mut slots = self.lock();
         if matches!(slots.by_id.get(id), Some(Slot::Open(f)) if Arc::ptr_eq(f, file)) {
             slots.by_id.remove(id);
@@ -211,15 +297,18 @@ pub(crate) struct Reservation {
 }
 
 impl Reservation {
-    /// Makes the handle readable. If the client closed the id meanwhile, the file is
-    /// dropped: the close was for this handle.
-    pub(crate) fn fill(mut self, file: File) {
+    /// Makes the handle usable. If the client closed the id meanwhile, the handle is
+    /// dropped (outside the table's lock): the close was for this handle.
+    pub(crate) fn fill(mut self, handle: OpenHandle) {
+        let mut handle = Some(handle);
         let mut slots = self.table.lock();
         if let Some(slot) = slots.by_id.get_mut(&self.id) {
             if matches!(slot, Slot::Opening(t) if *t == self.ticket) {
-                *slot = Slot::Open(Arc::new(file));
+                *slot = Slot::Open(Arc::new(handle.take().expect("filled once")));
             }
         }
+        drop(slots);
+        drop(handle);
         self.filled = true;
     }
 }
@@ -278,7 +367,7 @@ mod tests {
         drop(second);
         assert_eq!(table.len(), 1);
         let (_dir, file) = file_with(b"x");
-        first.fill(file);
+        first.fill(OpenHandle::Read(file));
         assert!(table.get("a").is_some());
         table.close("a");
         table.close("a");
@@ -292,13 +381,18 @@ mod tests {
         table.close("a");
         let fresh = HandleTable::reserve(&table, "a", 4).unwrap();
         let (_dir, old_file) = file_with(b"old");
-        stale.fill(old_file);
+        stale.fill(OpenHandle::Read(old_file));
         assert!(table.get("a").is_none());
         let (_dir2, new_file) = file_with(b"new");
-        fresh.fill(new_file);
+        fresh.fill(OpenHandle::Read(new_file));
         let file = table.get("a").unwrap();
-        assert_eq!(read_block(&file, 0, 3).unwrap(), b"new");
-        let other = Arc::new(File::open(_dir2.path().join("f")).unwrap());
+        let OpenHandle::Read(reader) = &*file else {
+            panic!("a read handle")
+        };
+        assert_eq!(read_block(reader, 0, 3).unwrap(), b"new");
+        let other = Arc::new(OpenHandle::Read(
+            File::open(_dir2.path().join("f")).unwrap(),
+        ));
         table.close_if_same("a", &other);
         assert!(table.get("a").is_some());
         table.close_if_same("a", &file);

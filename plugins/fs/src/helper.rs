@@ -1,31 +1,24 @@
 //! The fs helper's side of this plugin (SANDBOX.md §4.7 step 7, §5.7): the hidden helper
-//! registration, and the executor that turns a helper request back into the same
-//! [`FsOperation`] the server would run in-process.
-//!
-//! The helper starts before any configuration is loaded, so its limits are the defaults;
-//! the server applies its own limits again to what the helper returns.
+//! registration, and the decoder that turns a helper request back into the same
+//! [`FsOperation`] the server would run in-process, through the same
+//! [`FsOperation::from_params`].
 
 use std::ffi::OsString;
 
+use std::time::Duration;
+
 use exec_server_core::helpers::HiddenHelper;
-use exec_server_core::proto::bytes::decode_base64;
-use exec_server_core::proto::fs::{
-    CanonicalizeParams, CopyParams, CreateDirectoryParams, GetMetadataParams, ReadDirectoryParams,
-    ReadFileParams, RemoveParams, WalkParams, WriteFileParams, CANONICALIZE, COPY,
-    CREATE_DIRECTORY, GET_METADATA, READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_FILE,
-};
 use exec_server_core::proto::RpcError;
-use exec_server_sandbox::fs_helper::FS_HELPER_ARG1;
+use exec_server_sandbox::fs_helper::{HelperOperation, Target, FS_HELPER_ARG1};
 use exec_server_sandbox::policy::SandboxPolicy;
-use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::copy::Copy;
 use crate::create_directory::CreateDirectory;
 use crate::metadata::{Canonicalize, GetMetadata};
-use crate::paths::host_path;
 use crate::read_directory::ReadDirectory;
 use crate::read_file::ReadFile;
 use crate::remove::Remove;
@@ -40,128 +33,93 @@ pub fn run_fs_helper_main() -> ! {
 }
 
 fn fs_helper(args: &[OsString]) -> i32 {
-    exec_server_sandbox::fs_helper::main(args, execute_in_helper)
+    exec_server_sandbox::fs_helper::main(args, decode_in_helper)
 }
 
 exec_server_core::inventory::submit! {
     HiddenHelper { sentinel: FS_HELPER_ARG1, run: fs_helper }
 }
 
-/// The helper's executor: decodes `params` as the method's params and runs the operation
-/// confined by `policy` (whose checks of the targets have already passed).
-pub(crate) fn execute_in_helper(
+/// Builds a helper operation from a request's params.
+type Decode = fn(Value, &FsConfig) -> Result<Box<dyn HelperOperation>, RpcError>;
+
+/// Every operation the helper runs, by method name: each entry is [`decode::<O>`], so the
+/// helper builds exactly what the server's handler builds ([`FsOperation::from_params`]).
+const HELPER_OPERATIONS: &[(&str, Decode)] = &[
+    entry::<ReadFile>(),
+    entry::<WriteFile>(),
+    entry::<CreateDirectory>(),
+    entry::<GetMetadata>(),
+    entry::<Canonicalize>(),
+    entry::<ReadDirectory>(),
+    entry::<Walk>(),
+    entry::<Remove>(),
+    entry::<Copy>(),
+];
+
+const fn entry<O: FsOperation>() -> (&'static str, Decode) {
+    (O::METHOD, decode::<O>)
+}
+
+/// The helper's decoder: the operation `params` ask for, ready for the checks of its
+/// targets and then to run confined.
+pub(crate) fn decode_in_helper(
     operation: &str,
     params: Value,
-    policy: &SandboxPolicy,
-) -> Result<Box<RawValue>, RpcError> {
-    let limits = FsConfig::default();
-    match operation {
-        READ_FILE => {
-            let p: ReadFileParams = decode(params)?;
-            run(
-                ReadFile {
-                    path: host_path(&p.path)?,
-                    follow_symlinks: p.follow_symlinks.unwrap_or(true),
-                    limit: limits.max_read_file_bytes,
-                },
-                policy,
-            )
-        }
-        WRITE_FILE => {
-            let p: WriteFileParams = decode(params)?;
-            let data = decode_base64(&p.data_base64).map_err(RpcError::write_file_bad_base64)?;
-            run(
-                WriteFile {
-                    path: host_path(&p.path)?,
-                    data,
-                    follow_symlinks: p.follow_symlinks.unwrap_or(true),
-                },
-                policy,
-            )
-        }
-        CREATE_DIRECTORY => {
-            let p: CreateDirectoryParams = decode(params)?;
-            run(
-                CreateDirectory {
-                    path: host_path(&p.path)?,
-                    recursive: p.recursive.unwrap_or(true),
-                    follow_symlinks: p.follow_symlinks.unwrap_or(true),
-                },
-                policy,
-            )
-        }
-        GET_METADATA => {
-            let p: GetMetadataParams = decode(params)?;
-            run(
-                GetMetadata {
-                    path: host_path(&p.path)?,
-                    follow_symlinks: p.follow_symlinks.unwrap_or(true),
-                },
-                policy,
-            )
-        }
-        CANONICALIZE => {
-            let p: CanonicalizeParams = decode(params)?;
-            run(
-                Canonicalize {
-                    path: host_path(&p.path)?,
-                },
-                policy,
-            )
-        }
-        READ_DIRECTORY => {
-            let p: ReadDirectoryParams = decode(params)?;
-            run(
-                ReadDirectory {
-                    path: host_path(&p.path)?,
-                    limit: limits.max_directory_entries,
-                },
-                policy,
-            )
-        }
-        WALK => {
-            let p: WalkParams = decode(params)?;
-            run(
-                Walk {
-                    root: host_path(&p.path)?,
-                    options: p.options,
-                    budget_bytes: limits.walk_response_budget_bytes,
-                },
-                policy,
-            )
-        }
-        REMOVE => {
-            let p: RemoveParams = decode(params)?;
-            run(
-                Remove {
-                    path: host_path(&p.path)?,
-                    recursive: p.recursive.unwrap_or(true),
-                    force: p.force.unwrap_or(true),
-                },
-                policy,
-            )
-        }
-        COPY => {
-            let p: CopyParams = decode(params)?;
-            run(
-                Copy {
-                    source: host_path(&p.source_path)?,
-                    destination: host_path(&p.destination_path)?,
-                    recursive: p.recursive,
-                },
-                policy,
-            )
-        }
-        other => Err(RpcError::invalid_request(format!(
-            "unsupported fs sandbox helper operation {other}"
-        ))),
+) -> Result<Box<dyn HelperOperation>, RpcError> {
+    let (_, decode) = HELPER_OPERATIONS
+        .iter()
+        .find(|(name, _)| *name == operation)
+        .ok_or_else(|| {
+            RpcError::invalid_request(format!(
+                "unsupported fs sandbox helper operation {operation}"
+            ))
+        })?;
+    decode(params, &helper_limits())
+}
+
+/// The limits the helper decodes with. It starts before any configuration is loaded, so
+/// its output limits are the defaults (the server applies its own again to what comes
+/// back); its limits on what a request may ask for are the widest, because the server
+/// checked the request against its configured ones before sending it.
+fn helper_limits() -> FsConfig {
+    FsConfig {
+        walk_max_depth: usize::MAX,
+        walk_max_directories: usize::MAX,
+        walk_max_entries: usize::MAX,
+        ..FsConfig::default()
     }
 }
 
-fn decode<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
-    serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))
+fn decode<O: FsOperation>(
+    params: Value,
+    limits: &FsConfig,
+) -> Result<Box<dyn HelperOperation>, RpcError> {
+    let params: O::Params =
+        serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))?;
+    Ok(Box::new(InHelper(O::from_params(params, limits)?)))
 }
 
-fn run<O: FsOperation>(operation: O, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError> {
-    O::output_to_wire(operation.run_confined(policy)?)
+/// An operation as the helper runs it.
+#[derive(Debug)]
+struct InHelper<O>(O);
+
+impl<O: FsOperation> HelperOperation for InHelper<O> {
+    fn targets(&self) -> Vec<Target> {
+        self.0.targets()
+    }
+
+    fn run(self: Box<Self>, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError> {
+        O::output_to_wire(self.0.run_confined(policy)?)
+    }
+
+    /// What the server runs in-process, with the helper's default deadline.
+    fn run_unconfined(self: Box<Self>) -> Result<Box<RawValue>, RpcError> {
+        let timeout = Duration::from_millis(helper_limits().operation_timeout_ms);
+        O::output_to_wire(self.0.run(Deadline::new(O::METHOD, timeout))?)
+    }
 }
+
+#[cfg(test)]
+#[path = "helper_tests.rs"]
+mod tests;

@@ -16,7 +16,11 @@
 //! * `read_file`, `write_file`, `create_directory`, `metadata` (`fs/getMetadata`,
 //!   `fs/canonicalize`), `read_directory`, `walk`, `remove`, `copy` — one module per
 //!   method.
-//! * `handles` — `fs/open`, `fs/readBlock`, `fs/close` and the per-connection handle table.
+//! * `watch` — `fs/watchMissing` and the `fs/watch` / `fs/unwatch` extension, on one
+//!   inotify instance; watches are session state.
+//! * `handles` — `fs/open`, `fs/readBlock`, `fs/writeBlock`, `fs/close` and the
+//!   per-connection handle table.
+//! * `replace` — the new version behind a `replace` handle, put in place atomically.
 //!
 //! Every method decodes its params (paths included), runs its own validation, routes on
 //! `sandbox`, and only then touches the file system, in its session's share of the
@@ -36,16 +40,19 @@ mod payload;
 mod read_directory;
 mod read_file;
 mod remove;
+mod replace;
 mod routing;
 mod stream_write;
 mod walk;
+mod watch;
 mod write_file;
 
 use std::sync::Arc;
 
+use exec_server_core::proto::environment::capability;
 use exec_server_core::proto::fs::{
     CANONICALIZE, CLOSE, COPY, CREATE_DIRECTORY, FAMILY_LABEL, GET_METADATA, OPEN, READ_BLOCK,
-    READ_DIRECTORY, READ_FILE, REMOVE, WALK, WRITE_FILE,
+    READ_DIRECTORY, READ_FILE, REMOVE, WALK, WATCH_MISSING, WRITE_BLOCK, WRITE_FILE,
 };
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
 use exec_server_sandbox::SandboxRuntime;
@@ -59,7 +66,7 @@ pub use helper::run_fs_helper_main;
 exec_server_core::inventory::submit! {
     Plugin {
         name: "fs",
-        summary: "filesystem methods: read, write, list, walk, copy, remove and streamed reads",
+        summary: "filesystem methods: read, write, list, walk, copy, remove, streamed reads and writes, watches",
         methods: &[
             MethodDecl { name: READ_FILE, family: FAMILY_LABEL },
             MethodDecl { name: WRITE_FILE, family: FAMILY_LABEL },
@@ -72,7 +79,11 @@ exec_server_core::inventory::submit! {
             MethodDecl { name: COPY, family: FAMILY_LABEL },
             MethodDecl { name: OPEN, family: FAMILY_LABEL },
             MethodDecl { name: READ_BLOCK, family: FAMILY_LABEL },
+            MethodDecl { name: WRITE_BLOCK, family: FAMILY_LABEL },
             MethodDecl { name: CLOSE, family: FAMILY_LABEL },
+            MethodDecl { name: WATCH_MISSING, family: FAMILY_LABEL },
+            MethodDecl { name: watch::changes::WATCH, family: FAMILY_LABEL },
+            MethodDecl { name: watch::changes::UNWATCH, family: FAMILY_LABEL },
         ],
         config: Some(checked_section::<FsConfig>),
         install,
@@ -86,6 +97,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
         pool: BlockingPool::new(&config),
         config,
         sandbox,
+        inotify: std::sync::Mutex::new(None),
     });
     install.method_with(READ_FILE, &config, read_file::handle);
     install.method_with(WRITE_FILE, &config, write_file::handle);
@@ -98,6 +110,21 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.method_with(COPY, &config, copy::handle);
     install.method_with(OPEN, &config, handles::handle_open);
     install.method_with(READ_BLOCK, &config, handles::handle_read_block);
+    install.method_with(WRITE_BLOCK, &config, handles::handle_write_block);
     install.method_with(CLOSE, &config, handles::handle_close);
+    // Without `fs/close` a new version is never put in place.
+    install.capability(
+        capability::FILE_WRITE_STREAMING,
+        &[OPEN, WRITE_BLOCK, CLOSE],
+    );
+    install.method_with(WATCH_MISSING, &config, watch::missing::handle);
+    install.capability(capability::FS_WATCH_MISSING, &[WATCH_MISSING]);
+    install.extension(watch::changes::EXTENSION, &[watch::changes::CHANGED]);
+    install.method_with(watch::changes::WATCH, &config, watch::changes::handle_watch);
+    install.method_with(
+        watch::changes::UNWATCH,
+        &config,
+        watch::changes::handle_unwatch,
+    );
     Ok(())
 }

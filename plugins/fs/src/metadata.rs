@@ -11,31 +11,22 @@ use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::path::to_file_uri;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
+use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle_get_metadata(
     config: Arc<FsState>,
     cx: Call,
     params: GetMetadataParams,
 ) -> Result<Metadata, RpcError> {
-    let operation = GetMetadata {
-        path: host_path(&params.path)?,
-        follow_symlinks: params.follow_symlinks.unwrap_or(true),
-    };
-    execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await
+    execute_params::<GetMetadata>(&config, cx.session(), params).await
 }
 
 pub(crate) async fn handle_canonicalize(
@@ -43,17 +34,7 @@ pub(crate) async fn handle_canonicalize(
     cx: Call,
     params: CanonicalizeParams,
 ) -> Result<PathResult, RpcError> {
-    let operation = Canonicalize {
-        path: host_path(&params.path)?,
-    };
-    let canonical = execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await?;
+    let canonical = execute_params::<Canonicalize>(&config, cx.session(), params).await?;
     Ok(PathResult {
         path: to_file_uri(&canonical),
     })
@@ -67,8 +48,24 @@ pub(crate) struct GetMetadata {
 }
 
 impl FsOperation for GetMetadata {
+    type Params = GetMetadataParams;
     type Output = Metadata;
     const METHOD: &'static str = exec_server_core::proto::fs::GET_METADATA;
+
+    fn from_params(params: GetMetadataParams, _limits: &FsConfig) -> Result<Self, RpcError> {
+        Ok(Self {
+            path: host_path(&params.path)?,
+            follow_symlinks: params.follow_symlinks.unwrap_or(true),
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.path.clone(),
+            follow_last: self.follow_symlinks,
+            need: Need::Read,
+        }]
+    }
 
     fn run(self, _deadline: Deadline) -> Result<Metadata, RpcError> {
         metadata(&self.path, self.follow_symlinks).or_rpc()
@@ -98,8 +95,24 @@ pub(crate) struct Canonicalize {
 }
 
 impl FsOperation for Canonicalize {
+    type Params = CanonicalizeParams;
     type Output = PathBuf;
     const METHOD: &'static str = exec_server_core::proto::fs::CANONICALIZE;
+
+    fn from_params(params: CanonicalizeParams, _limits: &FsConfig) -> Result<Self, RpcError> {
+        Ok(Self {
+            path: host_path(&params.path)?,
+        })
+    }
+
+    /// The answer reveals the target, so the last link is always followed.
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.path.clone(),
+            follow_last: true,
+            need: Need::Read,
+        }]
+    }
 
     fn run(self, _deadline: Deadline) -> Result<PathBuf, RpcError> {
         fs::canonicalize(&self.path).or_rpc()

@@ -7,31 +7,22 @@ use std::sync::Arc;
 use exec_server_core::proto::fs::{DirectoryEntry, ReadDirectoryParams, ReadDirectoryResult};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
+use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
     cx: Call,
     params: ReadDirectoryParams,
 ) -> Result<ReadDirectoryResult, RpcError> {
-    let operation = ReadDirectory {
-        path: host_path(&params.path)?,
-        limit: config.max_directory_entries,
-    };
-    let entries = execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await?;
+    let entries = execute_params::<ReadDirectory>(&config, cx.session(), params).await?;
     Ok(ReadDirectoryResult { entries })
 }
 
@@ -44,8 +35,25 @@ pub(crate) struct ReadDirectory {
 }
 
 impl FsOperation for ReadDirectory {
+    type Params = ReadDirectoryParams;
     type Output = Vec<DirectoryEntry>;
     const METHOD: &'static str = exec_server_core::proto::fs::READ_DIRECTORY;
+
+    fn from_params(params: ReadDirectoryParams, limits: &FsConfig) -> Result<Self, RpcError> {
+        Ok(Self {
+            path: host_path(&params.path)?,
+            limit: limits.max_directory_entries,
+        })
+    }
+
+    /// The answer reveals the target, so the last link is always followed.
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.path.clone(),
+            follow_last: true,
+            need: Need::Read,
+        }]
+    }
 
     fn run(self, _deadline: Deadline) -> Result<Vec<DirectoryEntry>, RpcError> {
         read_directory(&self.path, self.limit)

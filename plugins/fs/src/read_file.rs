@@ -9,34 +9,24 @@ use exec_server_core::proto::bytes::base64_json;
 use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult, READ_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
+use crate::config::FsConfig;
 use crate::nonblocking;
 use crate::paths::{helper_path, host_path, native};
 use crate::payload::Base64Bytes;
-use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
     cx: Call,
     params: ReadFileParams,
 ) -> Result<ReadFileResult<Box<RawValue>>, RpcError> {
-    let operation = ReadFile {
-        path: host_path(&params.path)?,
-        follow_symlinks: params.follow_symlinks.unwrap_or(true),
-        limit: config.max_read_file_bytes,
-    };
-    let data = execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await?;
+    let data = execute_params::<ReadFile>(&config, cx.session(), params).await?;
     // Encoding a large file takes tens of milliseconds: do it off the reactor threads too,
     // so the answer is only copied, never computed, where other connections are served.
     let encode = move |_| Ok(base64_json(&data));
@@ -54,8 +44,25 @@ pub(crate) struct ReadFile {
 }
 
 impl FsOperation for ReadFile {
+    type Params = ReadFileParams;
     type Output = Vec<u8>;
     const METHOD: &'static str = READ_FILE;
+
+    fn from_params(params: ReadFileParams, limits: &FsConfig) -> Result<Self, RpcError> {
+        Ok(Self {
+            path: host_path(&params.path)?,
+            follow_symlinks: params.follow_symlinks.unwrap_or(true),
+            limit: limits.max_read_file_bytes,
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.path.clone(),
+            follow_last: self.follow_symlinks,
+            need: Need::Read,
+        }]
+    }
 
     fn run(self, _deadline: Deadline) -> Result<Vec<u8>, RpcError> {
         read_file(&self.path, self.follow_symlinks, self.limit)

@@ -9,33 +9,22 @@ use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::RemoveParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
+use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::routing::{execute, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
     cx: Call,
     params: RemoveParams,
 ) -> Result<Empty, RpcError> {
-    // `followSymlinks` is accepted and has no effect (§5.4).
-    let operation = Remove {
-        path: host_path(&params.path)?,
-        recursive: params.recursive.unwrap_or(true),
-        force: params.force.unwrap_or(true),
-    };
-    execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await?;
+    execute_params::<Remove>(&config, cx.session(), params).await?;
     Ok(Empty {})
 }
 
@@ -48,8 +37,31 @@ pub(crate) struct Remove {
 }
 
 impl FsOperation for Remove {
+    type Params = RemoveParams;
     type Output = ();
     const METHOD: &'static str = exec_server_core::proto::fs::REMOVE;
+
+    /// `followSymlinks` is accepted and has no effect (§5.4).
+    fn from_params(params: RemoveParams, _limits: &FsConfig) -> Result<Self, RpcError> {
+        Ok(Self {
+            path: host_path(&params.path)?,
+            recursive: params.recursive.unwrap_or(true),
+            force: params.force.unwrap_or(true),
+        })
+    }
+
+    /// Links are removed, never followed.
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.path.clone(),
+            follow_last: false,
+            need: if self.recursive {
+                Need::WriteTreeIfDirectory
+            } else {
+                Need::Write
+            },
+        }]
+    }
 
     fn run(self, _deadline: Deadline) -> Result<(), RpcError> {
         remove(&self.path, self.recursive, self.force).or_rpc()

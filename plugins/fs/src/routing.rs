@@ -11,8 +11,9 @@
 use std::future::Future;
 use std::ops::Deref;
 
-use exec_server_core::proto::RpcError;
+use exec_server_core::proto::{fs, RpcError};
 use exec_server_core::Session;
+use exec_server_sandbox::fs_helper::Target;
 use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
 use exec_server_sandbox::SandboxRuntime;
 use serde::de::DeserializeOwned;
@@ -30,6 +31,8 @@ pub(crate) struct FsState {
     pub(crate) config: FsConfig,
     pub(crate) pool: BlockingPool,
     pub(crate) sandbox: std::sync::Arc<SandboxRuntime>,
+    /// The inotify instance every watch shares, created by the first watch.
+    pub(crate) inotify: std::sync::Mutex<Option<std::sync::Arc<crate::watch::inotify::Inotify>>>,
 }
 
 impl Deref for FsState {
@@ -42,11 +45,25 @@ impl Deref for FsState {
 
 /// One filesystem operation with host paths and every default applied: exactly what runs,
 /// in the server ([`FsOperation::run`]) or in the fs helper ([`FsOperation::run_confined`]).
-pub(crate) trait FsOperation: Send + 'static {
+///
+/// [`FsOperation::from_params`] is the only reading of a method's params: the server's
+/// handler and the fs helper's executor both build the operation through it, so the two
+/// cannot disagree on a default or a check.
+pub(crate) trait FsOperation: std::fmt::Debug + Send + Sized + 'static {
+    /// The method's params as the client (or the server, for the helper) sends them.
+    type Params: DeserializeOwned + SandboxMembers + Send;
     type Output: Send + 'static;
 
     /// The method, which is also the helper's `operation` (SANDBOX.md §4.4).
     const METHOD: &'static str;
+
+    /// The operation `params` ask for, validated against `limits` and with every default
+    /// applied; `sandbox` members are not read here (see [`SandboxMembers`]).
+    fn from_params(params: Self::Params, limits: &FsConfig) -> Result<Self, RpcError>;
+
+    /// The paths the operation touches and the access it needs at each: what the fs
+    /// helper's user-space checks approve before it runs (SANDBOX.md §5.6).
+    fn targets(&self) -> Vec<Target>;
 
     /// Runs the operation synchronously on the calling thread; whatever could wait on
     /// another party (a FIFO's reader) gives up at `deadline`.
@@ -59,10 +76,7 @@ pub(crate) trait FsOperation: Send + 'static {
         self,
         pool: &BlockingPool,
         session: &Session,
-    ) -> impl Future<Output = Result<Self::Output, RpcError>> + Send
-    where
-        Self: Sized,
-    {
+    ) -> impl Future<Output = Result<Self::Output, RpcError>> + Send {
         pool.run(session, Self::METHOD, move |deadline| self.run(deadline))
     }
 
@@ -84,6 +98,35 @@ pub(crate) trait FsOperation: Send + 'static {
     fn output_from_wire(&self, response: &RawValue) -> Result<Self::Output, RpcError>;
 }
 
+/// The `sandbox` and legacy top-level `sandboxPolicy` members of a method's params, which
+/// decide where its operation runs rather than what it does.
+pub(crate) trait SandboxMembers {
+    /// Takes `(sandbox, sandboxPolicy)` out of the params.
+    fn take_sandbox(&mut self) -> (Option<Value>, Option<Value>);
+}
+
+macro_rules! sandbox_members {
+    ($($params:ty),* $(,)?) => {$(
+        impl SandboxMembers for $params {
+            fn take_sandbox(&mut self) -> (Option<Value>, Option<Value>) {
+                (self.sandbox.take(), self.sandbox_policy.take())
+            }
+        }
+    )*};
+}
+
+sandbox_members!(
+    fs::ReadFileParams,
+    fs::WriteFileParams,
+    fs::CreateDirectoryParams,
+    fs::GetMetadataParams,
+    fs::CanonicalizeParams,
+    fs::ReadDirectoryParams,
+    fs::WalkParams,
+    fs::RemoveParams,
+    fs::CopyParams,
+);
+
 /// Serialises a result object.
 pub(crate) fn to_wire(value: &impl Serialize) -> Result<Box<RawValue>, RpcError> {
     serde_json::value::to_raw_value(value).map_err(RpcError::fs_helper_message)
@@ -92,6 +135,25 @@ pub(crate) fn to_wire(value: &impl Serialize) -> Result<Box<RawValue>, RpcError>
 /// Decodes a helper's result object.
 pub(crate) fn from_wire<T: DeserializeOwned>(response: &RawValue) -> Result<T, RpcError> {
     serde_json::from_str(response.get()).map_err(RpcError::fs_helper_message)
+}
+
+/// Builds `O` from the method's `params` and runs it as their `sandbox` members demand (see
+/// [`execute`]): what every one-shot handler does first.
+pub(crate) async fn execute_params<O: FsOperation>(
+    state: &FsState,
+    session: &Session,
+    mut params: O::Params,
+) -> Result<O::Output, RpcError> {
+    let (sandbox, top_level_policy) = params.take_sandbox();
+    let operation = O::from_params(params, &state.config)?;
+    execute(
+        state,
+        session,
+        operation,
+        sandbox.as_ref(),
+        top_level_policy.as_ref(),
+    )
+    .await
 }
 
 /// Runs `operation` for `session` as its `sandbox` (and legacy top-level `sandboxPolicy`)
@@ -147,11 +209,21 @@ mod tests {
     use super::*;
 
     /// Records whether it ran.
+    #[derive(Debug)]
     struct Probe(Arc<AtomicBool>);
 
     impl FsOperation for Probe {
+        type Params = fs::WriteFileParams;
         type Output = ();
         const METHOD: &'static str = "fs/writeFile";
+
+        fn from_params(_params: Self::Params, _limits: &FsConfig) -> Result<Self, RpcError> {
+            unreachable!("built by the test")
+        }
+
+        fn targets(&self) -> Vec<Target> {
+            Vec::new()
+        }
 
         fn run(self, _deadline: Deadline) -> Result<(), RpcError> {
             self.0.store(true, Ordering::SeqCst);
@@ -187,6 +259,7 @@ mod tests {
             pool: BlockingPool::new(&config),
             config,
             sandbox: runtime().into(),
+            inotify: std::sync::Mutex::new(None),
         };
         let registry = SessionRegistry::new(std::time::Duration::from_secs(30));
         let (outbound, _drain) = outbound_queue(1, None);

@@ -18,34 +18,21 @@ use exec_server_core::proto::fs::{
 use exec_server_core::proto::path::to_file_uri;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::routing::{execute, from_wire, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
     cx: Call,
     params: WalkParams,
 ) -> Result<WalkResult, RpcError> {
-    let root = host_path(&params.path)?;
-    validate(&params.options, &config)?;
-    let operation = Walk {
-        root,
-        options: params.options,
-        budget_bytes: config.walk_response_budget_bytes,
-    };
-    execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await
+    execute_params::<Walk>(&config, cx.session(), params).await
 }
 
 /// `fs/walk` with validated options.
@@ -58,8 +45,28 @@ pub(crate) struct Walk {
 }
 
 impl FsOperation for Walk {
+    type Params = WalkParams;
     type Output = WalkResult;
     const METHOD: &'static str = exec_server_core::proto::fs::WALK;
+
+    fn from_params(params: WalkParams, limits: &FsConfig) -> Result<Self, RpcError> {
+        let root = host_path(&params.path)?;
+        validate(&params.options, limits)?;
+        Ok(Self {
+            root,
+            options: params.options,
+            budget_bytes: limits.walk_response_budget_bytes,
+        })
+    }
+
+    /// The answer reveals the target, so the last link is always followed.
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.root.clone(),
+            follow_last: true,
+            need: Need::Read,
+        }]
+    }
 
     fn run(self, _deadline: Deadline) -> Result<WalkResult, RpcError> {
         walk(&self.root, &self.options, self.budget_bytes)

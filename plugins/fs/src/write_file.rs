@@ -13,13 +13,15 @@ use exec_server_core::proto::bytes::{decode_base64, Empty};
 use exec_server_core::proto::fs::{WriteFileParams, WRITE_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_core::{Call, Session};
+use exec_server_sandbox::fs_helper::{Need, Target};
 use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::{BlockingPool, Deadline, IoResultExt};
+use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path, native};
-use crate::routing::{execute, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, to_wire, FsOperation, FsState};
 use crate::{nonblocking, stream_write};
 
 pub(crate) async fn handle(
@@ -27,24 +29,7 @@ pub(crate) async fn handle(
     cx: Call,
     params: WriteFileParams,
 ) -> Result<Empty, RpcError> {
-    let path = host_path(&params.path)?;
-    // Decoded late (not as -32602) like the reference, but before anything is touched.
-    let data = decode_base64(&params.data_base64).map_err(RpcError::write_file_bad_base64)?;
-    // The text is not needed while the write runs.
-    drop(params.data_base64);
-    let operation = WriteFile {
-        path,
-        data,
-        follow_symlinks: params.follow_symlinks.unwrap_or(true),
-    };
-    execute(
-        &config,
-        cx.session(),
-        operation,
-        params.sandbox.as_ref(),
-        params.sandbox_policy.as_ref(),
-    )
-    .await?;
+    execute_params::<WriteFile>(&config, cx.session(), params).await?;
     Ok(Empty {})
 }
 
@@ -57,8 +42,29 @@ pub(crate) struct WriteFile {
 }
 
 impl FsOperation for WriteFile {
+    type Params = WriteFileParams;
     type Output = ();
     const METHOD: &'static str = WRITE_FILE;
+
+    /// The text is dropped here: it is not needed while the write runs.
+    fn from_params(params: WriteFileParams, _limits: &FsConfig) -> Result<Self, RpcError> {
+        let path = host_path(&params.path)?;
+        // Decoded late (not as -32602) like the reference, but before anything is touched.
+        let data = decode_base64(&params.data_base64).map_err(RpcError::write_file_bad_base64)?;
+        Ok(Self {
+            path,
+            data,
+            follow_symlinks: params.follow_symlinks.unwrap_or(true),
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        vec![Target {
+            path: self.path.clone(),
+            follow_last: self.follow_symlinks,
+            need: Need::Write,
+        }]
+    }
 
     fn run(self, deadline: Deadline) -> Result<(), RpcError> {
         write_file(&self.path, &self.data, self.follow_symlinks, &deadline)

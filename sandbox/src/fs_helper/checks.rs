@@ -1,5 +1,5 @@
-//! The user-space checks of the fs helper (SANDBOX.md §5.6), per operation, and the
-//! classification of permission errors as sandbox denials (§7.1).
+//! The user-space checks of the fs helper (SANDBOX.md §5.6) of the targets a decoded
+//! operation reports, and the classification of permission errors as sandbox denials (§7.1).
 //!
 //! They run after Landlock is in force and before the operation, and refuse what can be
 //! seen up front. They are not the last word: a check of a path is only worth what the
@@ -11,11 +11,32 @@
 
 use std::path::PathBuf;
 
-use exec_server_proto::path::parse_path;
 use exec_server_proto::RpcError;
-use serde_json::Value;
 
 use crate::policy::{resolve, AccessKind, SandboxPolicy};
+
+/// A path an operation will touch and what it needs there, as the host's executor describes
+/// its decoded operation: the executor knows the methods, these checks know the policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The host path as the request names it, not yet resolved.
+    pub path: PathBuf,
+    /// Whether a symbolic link in the last component is followed.
+    pub follow_last: bool,
+    pub need: Need,
+}
+
+/// The access an operation needs at a [`Target`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Read,
+    Write,
+    /// Write access to the path and to everything below it (a recursive destination).
+    WriteTree,
+    /// [`Need::WriteTree`] when the path is a directory now, [`Need::Write`] otherwise (a
+    /// recursive removal).
+    WriteTreeIfDirectory,
+}
 
 /// A resolved target of an operation and the access it needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,69 +45,41 @@ pub struct CheckedTarget {
     pub access: AccessKind,
 }
 
-/// Checks the targets of `operation` against `policy`; returns them (resolved) for the
-/// later classification of permission errors.
+/// Checks `targets` against `policy`; returns them (resolved) for the later
+/// classification of permission errors.
 pub fn precheck(
-    operation: &str,
-    params: &Value,
+    targets: &[Target],
     policy: &SandboxPolicy,
 ) -> Result<Vec<CheckedTarget>, RpcError> {
-    let follow = params
-        .get("followSymlinks")
-        .and_then(Value::as_bool)
-        .unwrap_or(true);
-    let recursive = params
-        .get("recursive")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let read = |member: &str, follow_last: bool| -> Result<CheckedTarget, RpcError> {
-        let path = resolve(&path_member(params, member)?, follow_last);
-        policy.check_read(&path)?;
-        Ok(CheckedTarget {
-            path,
-            access: AccessKind::Read,
+    targets
+        .iter()
+        .map(|target| {
+            let path = resolve(&target.path, target.follow_last);
+            let access = match target.need {
+                Need::Read => {
+                    policy.check_read(&path)?;
+                    AccessKind::Read
+                }
+                Need::Write => {
+                    policy.check_write(&path)?;
+                    AccessKind::Write
+                }
+                Need::WriteTree => {
+                    policy.check_write(&path)?;
+                    policy.check_write_tree(&path)?;
+                    AccessKind::Write
+                }
+                Need::WriteTreeIfDirectory => {
+                    policy.check_write(&path)?;
+                    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                        policy.check_write_tree(&path)?;
+                    }
+                    AccessKind::Write
+                }
+            };
+            Ok(CheckedTarget { path, access })
         })
-    };
-    let write = |member: &str, follow_last: bool| -> Result<CheckedTarget, RpcError> {
-        let path = resolve(&path_member(params, member)?, follow_last);
-        policy.check_write(&path)?;
-        Ok(CheckedTarget {
-            path,
-            access: AccessKind::Write,
-        })
-    };
-    match operation {
-        "fs/readFile" | "fs/getMetadata" => Ok(vec![read("path", follow)?]),
-        // The answer reveals the target, so the last link is always followed.
-        "fs/canonicalize" | "fs/readDirectory" | "fs/walk" => Ok(vec![read("path", true)?]),
-        "fs/writeFile" | "fs/createDirectory" => Ok(vec![write("path", follow)?]),
-        "fs/remove" => {
-            // Links are removed, never followed.
-            let target = write("path", false)?;
-            let is_dir = std::fs::symlink_metadata(&target.path).is_ok_and(|m| m.is_dir());
-            if is_dir && recursive {
-                policy.check_write_tree(&target.path)?;
-            }
-            Ok(vec![target])
-        }
-        "fs/copy" => {
-            let source = read("sourcePath", false)?;
-            let destination = write("destinationPath", true)?;
-            policy.check_write_tree(&destination.path)?;
-            Ok(vec![source, destination])
-        }
-        other => Err(RpcError::invalid_request(format!(
-            "unsupported fs sandbox helper operation {other}"
-        ))),
-    }
-}
-
-fn path_member(params: &Value, member: &str) -> Result<PathBuf, RpcError> {
-    let text = params
-        .get(member)
-        .and_then(Value::as_str)
-        .ok_or_else(|| RpcError::invalid_params(format!("missing field `{member}`")))?;
-    parse_path(text).map_err(|e| e.into_rpc(text))
+        .collect()
 }
 
 /// §7.1: a permission error (`EACCES`/`EPERM`) of the operation is a sandbox denial unless

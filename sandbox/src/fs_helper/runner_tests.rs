@@ -1,4 +1,3 @@
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use serde_json::json;
@@ -34,11 +33,26 @@ fn runner(program: &Path, timeout_ms: u64) -> FsHelperRunner {
     )
 }
 
-/// A shell script standing in for the helper.
+/// A shell script standing in for the helper, ready to be executed.
+///
+/// Written by a short-lived `sh`, never by this process: executing a file fails with
+/// `ETXTBSY` while any process holds it open for writing, and a descriptor this process
+/// opened would be copied into every child another test thread forks meanwhile (until that
+/// child execs, or for its whole life if it never does), whatever `O_CLOEXEC` says. The
+/// writer here has exited before the script runs, and no other process ever had its
+/// descriptor, so the race cannot happen.
 fn script(dir: &Path, body: &str) -> PathBuf {
     let path = dir.join("helper.sh");
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let status = std::process::Command::new("/bin/sh")
+        .args([
+            "-c",
+            r#"printf '#!/bin/sh\n%s\n' "$1" > "$0" && chmod 755 "$0""#,
+        ])
+        .arg(&path)
+        .arg(body)
+        .status()
+        .unwrap();
+    assert!(status.success(), "writing {} failed", path.display());
     path
 }
 
