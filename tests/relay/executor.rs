@@ -209,7 +209,7 @@ async fn failed_handshakes_close_the_executor_socket_with_1008_and_streams_resum
     let _executor = start_executor_with(
         &gate.url,
         "env-budget",
-        "[relay]\nmax_failed_handshakes = 3\nreconnect_initial_backoff_ms = 50\n",
+        "[relay]\nsecurity_profile = \"noise_ik_v1\"\nmax_failed_handshakes = 3\nreconnect_initial_backoff_ms = 50\n",
     );
     let mut a = RelayClient::open(harness_args(&rdv.direct, "env-budget")).await;
     let validations = gate.validates.load(Ordering::SeqCst);
@@ -356,7 +356,7 @@ async fn retransmitted_msg1_gets_the_cached_msg2_and_another_msg1_is_a_duplicate
     let _executor = start_executor_with(
         &rdv.direct,
         "env-dup",
-        "[relay]\nmax_failed_handshakes = 1\nreconnect_initial_backoff_ms = 50\n",
+        "[relay]\nsecurity_profile = \"noise_ik_v1\"\nmax_failed_handshakes = 1\nreconnect_initial_backoff_ms = 50\n",
     );
     // Wait for the executor with a throw-away key, then connect with the test's own key.
     harness_bundle(&rdv.direct, "env-dup").await;

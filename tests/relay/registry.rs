@@ -27,7 +27,7 @@ async fn registry_bearer_tokens_and_connect_answers() {
     assert_eq!(
         status_of(
             unknown
-                .validate("env-tokens", "reg-x", &key, "v1.x.y")
+                .validate("env-tokens", "reg-x", &key, "v1.x.y", "stream-1")
                 .await
         ),
         401
@@ -40,7 +40,7 @@ async fn registry_bearer_tokens_and_connect_answers() {
     assert_eq!(
         status_of(
             harness
-                .validate("env-tokens", "reg-x", &key, "v1.x.y")
+                .validate("env-tokens", "reg-x", &key, "v1.x.y", "stream-1")
                 .await
         ),
         403
