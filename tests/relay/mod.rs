@@ -5,6 +5,7 @@
 //!
 //! One module per topic; the fixtures they share are in `fixtures`.
 
+mod codex_executor;
 mod executor;
 mod fixtures;
 mod harness;
