@@ -115,8 +115,7 @@ impl Cli {
         if self.registration_bearer_stdin {
             if self.listen.iter().any(|l| l.starts_with("stdio")) {
                 return Err(
-                    "`--registration-bearer-stdin` cannot be combined with `--listen stdio`"
-                        .into(),
+                    "`--registration-bearer-stdin` cannot be combined with `--listen stdio`".into(),
                 );
             }
             overrides.set("relay.token_stdin", true);

@@ -194,15 +194,9 @@ async fn codex_executor_serves_our_client_and_run_through_our_rendezvous() {
     );
     let big: Vec<u8> = (0..200 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
     let big_path = dir.path().join("big.bin");
-    client
-        .write_file(&uri(&big_path), &big)
-        .await
-        .unwrap();
+    client.write_file(&uri(&big_path), &big).await.unwrap();
     assert_eq!(std::fs::read(&big_path).unwrap(), big);
-    assert_eq!(
-        client.read_file(&uri(&big_path)).await.unwrap(),
-        big
-    );
+    assert_eq!(client.read_file(&uri(&big_path)).await.unwrap(), big);
 
     // `exec-server run --remote` through the same executor: output and exit code.
     let mut run = server_command(&[
@@ -235,7 +229,10 @@ async fn codex_executor_serves_our_client_and_run_through_our_rendezvous() {
             _ => None,
         })
         .collect();
-    assert!(!msg2.is_empty() && msg2.iter().all(|n| *n == 3_424), "{msg2:?}");
+    assert!(
+        !msg2.is_empty() && msg2.iter().all(|n| *n == 3_424),
+        "{msg2:?}"
+    );
     let stream = from_codex
         .iter()
         .find(|f| matches!(f.body, Some(Body::Data(_))))

@@ -13,4 +13,5 @@ mod interop;
 mod limits;
 mod registry;
 mod rendezvous;
+mod semantics;
 mod tls;

@@ -282,9 +282,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     } else {
         &[]
     };
-    let mut retries = retry_at
-        .iter()
-        .map(|s| started + Duration::from_secs(*s));
+    let mut retries = retry_at.iter().map(|s| started + Duration::from_secs(*s));
     let mut next_retry = retries.next();
     let (msg2, peer_features) = loop {
         let wake = next_retry.map_or(deadline, |r| r.min(deadline));

@@ -220,12 +220,17 @@ fn hybrid_key_json_round_trip_and_rejections() {
         Err(NoiseError::KeyJson(_))
     ));
     let mut missing = json.clone();
-    missing.as_object_mut().unwrap().remove("mlkem768_public_key");
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("mlkem768_public_key");
     assert!(NoisePublicKey::from_json(&missing).is_err());
     let short = base64::engine::general_purpose::STANDARD.encode([7u8; 1183]);
     assert_eq!(
         with("mlkem768_public_key", short.into()),
-        Err(NoiseError::KeyLength)
+        Err(NoiseError::KeyJson(
+            "`mlkem768_public_key` is not 1,184 bytes"
+        ))
     );
     assert!(matches!(
         with("mlkem768_public_key", "A".repeat(1_000_000).into()),
@@ -238,7 +243,10 @@ fn hybrid_key_json_round_trip_and_rejections() {
     );
     assert!(with("x25519_public_key", json!(7)).is_err());
     // A classic key is not a hybrid one, and the other way round.
-    assert!(NoisePublicKey::from_json(&json!({"suite": SUITE_HYBRID, "x25519_public_key": ALICE})).is_err());
+    assert!(
+        NoisePublicKey::from_json(&json!({"suite": SUITE_HYBRID, "x25519_public_key": ALICE}))
+            .is_err()
+    );
 }
 
 /// Both suites, between our two ends: msg sizes, the payload, the remote static key, and

@@ -146,7 +146,10 @@ fn validation_rows() {
         Some(ResetReason::RecordError)
     );
     // seq 0 is codex's first record; only a reliable stream refuses it.
-    assert_eq!(validate(&ok(data_body(0, Bytes::from(vec![0u8; 17])))), Ok(()));
+    assert_eq!(
+        validate(&ok(data_body(0, Bytes::from(vec![0u8; 17])))),
+        Ok(())
+    );
     assert_eq!(
         validate(&ok(handshake_body(Vec::new()))),
         Err(FrameFault::HandshakeSize)

@@ -414,11 +414,7 @@ async fn post_json(
     if let Some(stream_id) = stream_id {
         request = request.header(STREAM_ID_HEADER, stream_id);
     }
-    let mut response = request
-        .body(body)
-        .send()
-        .await
-        .map_err(transport_error)?;
+    let mut response = request.body(body).send().await.map_err(transport_error)?;
     let status = response.status().as_u16();
     let retry_after = response
         .headers()

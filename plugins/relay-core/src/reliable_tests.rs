@@ -37,7 +37,15 @@ fn semantics_pair(
     let timing = Timing::default();
     (
         ReliableStream::new("s".into(), Role::Harness, semantics, h, limits, timing, now),
-        ReliableStream::new("s".into(), Role::Executor, semantics, e, limits, timing, now),
+        ReliableStream::new(
+            "s".into(),
+            Role::Executor,
+            semantics,
+            e,
+            limits,
+            timing,
+            now,
+        ),
     )
 }
 
@@ -764,7 +772,11 @@ fn codex_receiver_limits() {
     let now = Instant::now();
     let (mut h, mut e) = codex_pair(now);
     let frames = records(&mut h, 66, now);
-    for body in [proto::ack_body(), proto::resume_body(0), proto::resume_body(9)] {
+    for body in [
+        proto::ack_body(),
+        proto::resume_body(0),
+        proto::resume_body(9),
+    ] {
         e.handle_frame(&proto::frame("s", 7, 3, body), now).unwrap();
     }
     assert!(e.poll_transmit(now).unwrap().is_empty());

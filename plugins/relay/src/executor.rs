@@ -22,8 +22,8 @@ use exec_server_relay_core::driver::{
 use exec_server_relay_core::endpoint::BaseUrl;
 use exec_server_relay_core::link::{self, Incoming, LinkTiming, OpenError};
 use exec_server_relay_core::noise::{
-    suite_by_profile, NoiseHandshake, NoiseIdentity, NoisePublicKey, RecordCipher,
-    DEFAULT_SUITE, MAX_AUTHORIZATION_BYTES,
+    suite_by_profile, NoiseHandshake, NoiseIdentity, NoisePublicKey, RecordCipher, DEFAULT_SUITE,
+    MAX_AUTHORIZATION_BYTES,
 };
 use exec_server_relay_core::proto::{
     self, Body, RelayHandshake, RelayMessageFrame, ResetReason, StreamFeatures,
@@ -631,8 +631,12 @@ impl Executor {
                 ..
             }) if *d == digest => {
                 if !data_seen.load(Ordering::SeqCst) {
-                    let frame =
-                        proto::frame(sid, 0, 0, proto::handshake_body_with(msg2.clone(), *features));
+                    let frame = proto::frame(
+                        sid,
+                        0,
+                        0,
+                        proto::handshake_body_with(msg2.clone(), *features),
+                    );
                     let uplink = self.uplink.clone();
                     tokio::spawn(async move { uplink.send(&frame).await });
                 }

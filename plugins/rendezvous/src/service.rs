@@ -26,8 +26,8 @@ use exec_server_relay_core::endpoint::{
     check_environment_id, decode_segment, encode_segment, BaseUrl, UrlError,
 };
 use exec_server_relay_core::noise::{suite_by_profile, NoisePublicKey, SUITES};
-use exec_server_relay_core::registry::STREAM_ID_HEADER;
 use exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
+use exec_server_relay_core::registry::STREAM_ID_HEADER;
 
 use crate::config::{RendezvousConfig, TokenRole};
 use crate::hub::Hub;
@@ -381,7 +381,7 @@ impl Service {
             .map(|(_, t)| t.trim().to_owned());
         let unauthorized = || {
             error(
-                &id,
+                id,
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "a valid bearer token is required",
@@ -397,7 +397,7 @@ impl Service {
         if !role_ok || !environment_matches(&entry.environments, id) {
             tracing::info!(token = %entry.name, "token not allowed for this call");
             return Err(error(
-                &id,
+                id,
                 StatusCode::FORBIDDEN,
                 "forbidden",
                 "this token does not allow this call",
@@ -461,7 +461,7 @@ async fn authorized_call(
         .map_err(|l| limited(l, id))?;
     if let Err(problem) = check_environment_id(id) {
         return Err(error(
-            &id,
+            id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("environment id {problem}"),
@@ -472,7 +472,7 @@ async fn authorized_call(
         .map_err(|_| too_large(Some(&caller.name)))?;
     let value = serde_json::from_slice(&bytes).map_err(|e| {
         error(
-            &id,
+            id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("malformed JSON: {e}"),

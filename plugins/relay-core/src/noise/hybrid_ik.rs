@@ -105,7 +105,9 @@ fn member(
     let text = object
         .get(name)
         .and_then(Value::as_str)
-        .ok_or(NoiseError::KeyJson("a key member is missing or not a string"))?;
+        .ok_or(NoiseError::KeyJson(
+            "a key member is missing or not a string",
+        ))?;
     // Oversized text is refused before it is decoded.
     if text.len() > max_text {
         return Err(NoiseError::KeyJson("a key member is too long"));
@@ -114,7 +116,10 @@ fn member(
         .decode(text)
         .map_err(|_| NoiseError::KeyJson("a key member is not padded standard base64"))?;
     if bytes.len() != len {
-        return Err(NoiseError::KeyLength);
+        return Err(NoiseError::KeyJson(match name {
+            "x25519_public_key" => "`x25519_public_key` is not 32 bytes",
+            _ => "`mlkem768_public_key` is not 1,184 bytes",
+        }));
     }
     Ok(bytes)
 }
@@ -168,7 +173,9 @@ impl NoiseSuite for HybridIkSuite {
     }
 
     fn print_key(&self, key: &NoisePublicKey) -> Value {
-        let (dh, kem) = key.as_bytes().split_at(X25519_LEN.min(key.as_bytes().len()));
+        let (dh, kem) = key
+            .as_bytes()
+            .split_at(X25519_LEN.min(key.as_bytes().len()));
         let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
         let mut map = serde_json::Map::new();
         map.insert("suite".into(), SUITE_HYBRID.into());
