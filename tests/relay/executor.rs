@@ -3,6 +3,7 @@
 //! reconnects, and stopping.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use exec_server_relay_core::harness::RelayError;
 use exec_server_relay_core::noise::NoiseIdentity;
@@ -440,4 +441,54 @@ async fn executor_declares_a_socket_dead_without_pongs_and_resumes_on_a_new_one(
         client.call("environment/status", json!({})).await["status"],
         "ready"
     );
+}
+
+/// An executor killed without a goodbye and started again with the same environment id
+/// serves at once: the rendezvous hands its environment to the new key instead of
+/// answering 409 `environment_busy` until the grace (here an hour) has passed.
+#[tokio::test]
+async fn a_restarted_executor_takes_over_its_environment_at_once() {
+    let rdv = start_rendezvous_with(None, "grace_secs = 3600").await;
+    // The classic suite keeps this test about restarts alone (and runnable against builds
+    // that predate the hybrid suite).
+    const CLASSIC: &str = "[relay]\nsecurity_profile = \"noise_ik_v1\"\n";
+    let mut first = start_executor_with(&rdv.url, "env-restart", CLASSIC);
+    let classic_args = || {
+        let mut args = harness_args(&rdv.url, "env-restart");
+        args.identity = Some(std::sync::Arc::new(NoiseIdentity::generate()));
+        args
+    };
+    let mut client = RelayClient::open(classic_args()).await;
+    assert_eq!(
+        client.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+    let harness = registry_as(&rdv.url, HARNESS_TOKEN);
+    let probe = NoiseIdentity::generate().public();
+    let old_key = harness
+        .connect("env-restart", &probe)
+        .await
+        .unwrap()
+        .executor_public_key;
+    // SIGKILL: the socket ends without a close code, as after a crash.
+    first.child.kill().await.unwrap();
+    let _second = start_executor_with(&rdv.url, "env-restart", CLASSIC);
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let bundle = harness.connect("env-restart", &probe).await;
+        if bundle.is_ok_and(|b| b.executor_public_key != old_key) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the restarted executor never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut again = RelayClient::open(classic_args()).await;
+    assert_eq!(
+        again.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+    client.conn.abort();
 }

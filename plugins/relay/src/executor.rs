@@ -930,7 +930,10 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
         .expect("32 bytes")
 }
 
-/// Reconnect backoff of §7.6: initial, doubling, capped; `Retry-After` honoured up to the cap.
+/// Reconnect backoff of §7.6: a bound that starts at `initial`, doubles and is capped at
+/// `max`; each delay is drawn uniformly from the upper half of the bound, as codex does
+/// (CODEX-0169 §4.3), so executors cut off together do not come back together.
+/// `Retry-After` is honoured up to the cap.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     initial: Duration,
@@ -948,7 +951,8 @@ impl Backoff {
     }
 
     pub fn next(&mut self, retry_after: Option<Duration>) -> Duration {
-        let mut delay = self.next;
+        let bound = self.next;
+        let mut delay = bound.mul_f64(0.5 + 0.5 * unit_random());
         if let Some(ra) = retry_after {
             delay = delay.max(ra.min(self.max));
         }
@@ -961,17 +965,42 @@ impl Backoff {
     }
 }
 
+/// A uniform random number in [0, 1).
+fn unit_random() -> f64 {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 8];
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        return 1.0;
+    }
+    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_the_cap() {
+    fn backoff_doubles_to_the_cap_with_jitter_in_the_upper_half() {
+        let mut delays = Vec::new();
+        for _ in 0..50 {
+            let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+            for bound in [1u64, 2, 4, 8, 16, 30, 30, 30] {
+                let delay = b.next(None);
+                let bound = Duration::from_secs(bound);
+                assert!(
+                    delay >= bound / 2 && delay <= bound,
+                    "{delay:?} for {bound:?}"
+                );
+                delays.push(delay);
+            }
+            b.reset();
+            assert!(b.next(None) <= Duration::from_secs(1));
+        }
+        delays.sort();
+        delays.dedup();
+        assert!(delays.len() > 8, "the delays are not all the same");
         let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        let secs: Vec<u64> = (0..8).map(|_| b.next(None).as_secs()).collect();
-        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30, 30]);
-        b.reset();
-        assert_eq!(b.next(Some(Duration::from_secs(5))).as_secs(), 5);
-        assert_eq!(b.next(Some(Duration::from_secs(100))).as_secs(), 30);
+        assert!(b.next(Some(Duration::from_secs(5))) >= Duration::from_secs(5));
+        assert!(b.next(Some(Duration::from_secs(100))) <= Duration::from_secs(30));
     }
 }
