@@ -6,6 +6,7 @@
 //! One module per topic; the fixtures they share are in `fixtures`.
 
 mod codex_executor;
+mod codex_harness;
 mod executor;
 mod fixtures;
 mod harness;
