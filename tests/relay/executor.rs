@@ -492,3 +492,67 @@ async fn a_restarted_executor_takes_over_its_environment_at_once() {
     );
     client.conn.abort();
 }
+
+/// `--registration-bearer-stdin`: the executor reads its registry token from the first
+/// line of stdin — it registers and serves — and the token is in neither its command
+/// line nor its environment.
+#[tokio::test]
+async fn the_executor_reads_its_bearer_from_stdin() {
+    use tokio::io::AsyncWriteExt;
+    let rdv = start_rendezvous(None).await;
+    let mut cmd = crate::util::server_command(&[
+        "--remote",
+        &rdv.url,
+        "--environment-id",
+        "env-stdin",
+        "--registration-bearer-stdin",
+    ]);
+    cmd.env_remove("EXEC_SERVER_RELAY_TOKEN");
+    let mut executor = cmd.spawn().expect("spawn executor");
+    let mut stdin = executor.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{EXECUTOR_TOKEN}\n").as_bytes())
+        .await
+        .unwrap();
+    stdin.flush().await.unwrap();
+    let mut client = RelayClient::open(harness_args(&rdv.url, "env-stdin")).await;
+    assert_eq!(
+        client.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+    let pid = executor.id().unwrap();
+    for part in ["cmdline", "environ"] {
+        let bytes = std::fs::read(format!("/proc/{pid}/{part}")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(EXECUTOR_TOKEN),
+            "the token is in /proc/{pid}/{part}"
+        );
+    }
+    client.conn.abort();
+
+    // Without a newline-terminated line the executor refuses to start, in codex's words.
+    let mut cmd = crate::util::server_command(&[
+        "--remote",
+        &rdv.url,
+        "--environment-id",
+        "env-stdin-2",
+        "--registration-bearer-stdin",
+    ]);
+    cmd.env_remove("EXEC_SERVER_RELAY_TOKEN")
+        .stderr(std::process::Stdio::piped());
+    let mut refused = cmd.spawn().expect("spawn executor");
+    let mut stdin = refused.stdin.take().unwrap();
+    stdin.write_all(EXECUTOR_TOKEN.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(STEP_TIMEOUT, refused.wait_with_output())
+        .await
+        .expect("the executor exits")
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("expected a newline-terminated registration bearer of at most 16 KiB"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(EXECUTOR_TOKEN), "{stderr}");
+}
