@@ -32,6 +32,11 @@ pub struct Cli {
     )]
     pub environment_id: Option<String>,
 
+    /// Remote mode: read the registry bearer token from the first line of stdin (one
+    /// newline-terminated line of at most 16 KiB, as codex's flag; `relay.token_stdin`).
+    #[arg(long = "registration-bearer-stdin", requires = "remote")]
+    pub registration_bearer_stdin: bool,
+
     /// Remote mode: a display name sent when registering (`relay.name`).
     #[arg(long = "name", value_name = "NAME")]
     pub name: Option<String>,
@@ -117,6 +122,14 @@ impl Cli {
         }
         if let Some(name) = &self.name {
             overrides.set("relay.name", name.clone());
+        }
+        if self.registration_bearer_stdin {
+            if self.listen.iter().any(|l| l.starts_with("stdio")) {
+                return Err(
+                    "`--registration-bearer-stdin` cannot be combined with `--listen stdio`".into(),
+                );
+            }
+            overrides.set("relay.token_stdin", true);
         }
         Ok(overrides)
     }

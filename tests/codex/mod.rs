@@ -14,7 +14,7 @@
 
 mod conformance;
 mod end_to_end;
-mod fake_model;
+pub(crate) mod fake_model;
 mod proxy;
 
 use std::path::PathBuf;

@@ -3,6 +3,7 @@
 //! reconnects, and stopping.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use exec_server_relay_core::harness::RelayError;
 use exec_server_relay_core::noise::NoiseIdentity;
@@ -209,7 +210,7 @@ async fn failed_handshakes_close_the_executor_socket_with_1008_and_streams_resum
     let _executor = start_executor_with(
         &gate.url,
         "env-budget",
-        "[relay]\nmax_failed_handshakes = 3\nreconnect_initial_backoff_ms = 50\n",
+        "[relay]\nsecurity_profile = \"noise_ik_v1\"\nmax_failed_handshakes = 3\nreconnect_initial_backoff_ms = 50\n",
     );
     let mut a = RelayClient::open(harness_args(&rdv.direct, "env-budget")).await;
     let validations = gate.validates.load(Ordering::SeqCst);
@@ -356,7 +357,7 @@ async fn retransmitted_msg1_gets_the_cached_msg2_and_another_msg1_is_a_duplicate
     let _executor = start_executor_with(
         &rdv.direct,
         "env-dup",
-        "[relay]\nmax_failed_handshakes = 1\nreconnect_initial_backoff_ms = 50\n",
+        "[relay]\nsecurity_profile = \"noise_ik_v1\"\nmax_failed_handshakes = 1\nreconnect_initial_backoff_ms = 50\n",
     );
     // Wait for the executor with a throw-away key, then connect with the test's own key.
     harness_bundle(&rdv.direct, "env-dup").await;
@@ -440,4 +441,118 @@ async fn executor_declares_a_socket_dead_without_pongs_and_resumes_on_a_new_one(
         client.call("environment/status", json!({})).await["status"],
         "ready"
     );
+}
+
+/// An executor killed without a goodbye and started again with the same environment id
+/// serves at once: the rendezvous hands its environment to the new key instead of
+/// answering 409 `environment_busy` until the grace (here an hour) has passed.
+#[tokio::test]
+async fn a_restarted_executor_takes_over_its_environment_at_once() {
+    let rdv = start_rendezvous_with(None, "grace_secs = 3600").await;
+    // The classic suite keeps this test about restarts alone (and runnable against builds
+    // that predate the hybrid suite).
+    const CLASSIC: &str = "[relay]\nsecurity_profile = \"noise_ik_v1\"\n";
+    let mut first = start_executor_with(&rdv.url, "env-restart", CLASSIC);
+    let classic_args = || {
+        let mut args = harness_args(&rdv.url, "env-restart");
+        args.identity = Some(std::sync::Arc::new(NoiseIdentity::generate()));
+        args
+    };
+    let mut client = RelayClient::open(classic_args()).await;
+    assert_eq!(
+        client.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+    let harness = registry_as(&rdv.url, HARNESS_TOKEN);
+    let probe = NoiseIdentity::generate().public();
+    let old_key = harness
+        .connect("env-restart", &probe)
+        .await
+        .unwrap()
+        .executor_public_key;
+    // SIGKILL: the socket ends without a close code, as after a crash.
+    first.child.kill().await.unwrap();
+    let _second = start_executor_with(&rdv.url, "env-restart", CLASSIC);
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let bundle = harness.connect("env-restart", &probe).await;
+        if bundle.is_ok_and(|b| b.executor_public_key != old_key) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the restarted executor never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut again = RelayClient::open(classic_args()).await;
+    assert_eq!(
+        again.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+    client.conn.abort();
+}
+
+/// `--registration-bearer-stdin`: the executor reads its registry token from the first
+/// line of stdin — it registers and serves — and the token is in neither its command
+/// line nor its environment.
+#[tokio::test]
+async fn the_executor_reads_its_bearer_from_stdin() {
+    use tokio::io::AsyncWriteExt;
+    let rdv = start_rendezvous(None).await;
+    let mut cmd = crate::util::server_command(&[
+        "--remote",
+        &rdv.url,
+        "--environment-id",
+        "env-stdin",
+        "--registration-bearer-stdin",
+    ]);
+    cmd.env_remove("EXEC_SERVER_RELAY_TOKEN");
+    let mut executor = cmd.spawn().expect("spawn executor");
+    let mut stdin = executor.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{EXECUTOR_TOKEN}\n").as_bytes())
+        .await
+        .unwrap();
+    stdin.flush().await.unwrap();
+    let mut client = RelayClient::open(harness_args(&rdv.url, "env-stdin")).await;
+    assert_eq!(
+        client.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+    let pid = executor.id().unwrap();
+    for part in ["cmdline", "environ"] {
+        let bytes = std::fs::read(format!("/proc/{pid}/{part}")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(EXECUTOR_TOKEN),
+            "the token is in /proc/{pid}/{part}"
+        );
+    }
+    client.conn.abort();
+
+    // Without a newline-terminated line the executor refuses to start, in codex's words.
+    let mut cmd = crate::util::server_command(&[
+        "--remote",
+        &rdv.url,
+        "--environment-id",
+        "env-stdin-2",
+        "--registration-bearer-stdin",
+    ]);
+    cmd.env_remove("EXEC_SERVER_RELAY_TOKEN")
+        .stderr(std::process::Stdio::piped());
+    let mut refused = cmd.spawn().expect("spawn executor");
+    let mut stdin = refused.stdin.take().unwrap();
+    stdin.write_all(EXECUTOR_TOKEN.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(STEP_TIMEOUT, refused.wait_with_output())
+        .await
+        .expect("the executor exits")
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("expected a newline-terminated registration bearer of at most 16 KiB"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(EXECUTOR_TOKEN), "{stderr}");
 }

@@ -45,6 +45,13 @@ pub(crate) struct Rendezvous {
     /// The address it listens on.
     pub(crate) direct: String,
     pub(crate) _config: tempfile::TempPath,
+    /// Its stderr, when started with [`start_rendezvous_logged`].
+    pub(crate) log: Arc<Mutex<String>>,
+}
+
+/// A rendezvous whose stderr (at `warn`) is kept in [`Rendezvous::log`].
+pub(crate) async fn start_rendezvous_logged() -> Rendezvous {
+    start_rendezvous_inner(None, "", true).await
 }
 
 pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
@@ -53,6 +60,14 @@ pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
 
 /// A rendezvous whose `[rendezvous]` table also holds `settings` (small limits, short grace).
 pub(crate) async fn start_rendezvous_with(public_url: Option<&str>, settings: &str) -> Rendezvous {
+    start_rendezvous_inner(public_url, settings, false).await
+}
+
+async fn start_rendezvous_inner(
+    public_url: Option<&str>,
+    settings: &str,
+    capture_log: bool,
+) -> Rendezvous {
     // A free port, so the direct URL is known even when a public URL is printed.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -89,7 +104,24 @@ role = "harness"
         "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY",
         "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
     );
+    let log = Arc::new(Mutex::new(String::new()));
+    if capture_log {
+        cmd.env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .stderr(std::process::Stdio::piped());
+    }
     let mut child = cmd.spawn().expect("spawn rendezvous");
+    if let Some(stderr) = child.stderr.take() {
+        let sink = Arc::clone(&log);
+        let mut lines = BufReader::new(stderr).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+    }
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     tokio::time::timeout(STEP_TIMEOUT, stdout.read_line(&mut line))
@@ -107,6 +139,7 @@ role = "harness"
         url,
         direct: listen,
         _config: config,
+        log,
     }
 }
 

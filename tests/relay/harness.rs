@@ -103,7 +103,8 @@ impl RelayBundleProvider for FixedBundles {
     ) -> Result<ConnectBundle, RelayError> {
         let mut bundle = self.registry.connect(environment_id, key).await?;
         if self.tamper_key {
-            bundle.executor_public_key = NoiseIdentity::generate().public();
+            let suite = bundle.executor_public_key.suite();
+            bundle.executor_public_key = NoiseIdentity::generate_for(suite).public();
         }
         if self.tamper_authz {
             let text = bundle.harness_key_authorization.expose().to_owned();

@@ -41,7 +41,12 @@ async fn python_noiseprotocol_harness_interoperates_with_the_executor() {
     require_python_noise().await;
 
     let rdv = start_rendezvous(None).await;
-    let _executor = start_executor(&rdv.url, "env-python");
+    // `noiseprotocol` has no hybrid patterns: this executor registers the classic suite.
+    let _executor = start_executor_with(
+        &rdv.url,
+        "env-python",
+        "[relay]\nsecurity_profile = \"noise_ik_v1\"\n",
+    );
     let dir = tempfile::tempdir().unwrap();
     let script = interop_script("noise_harness.py");
     let run = tokio::process::Command::new("python3")

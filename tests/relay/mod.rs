@@ -5,6 +5,8 @@
 //!
 //! One module per topic; the fixtures they share are in `fixtures`.
 
+mod codex_executor;
+mod codex_harness;
 mod executor;
 mod fixtures;
 mod harness;
@@ -12,4 +14,5 @@ mod interop;
 mod limits;
 mod registry;
 mod rendezvous;
+mod semantics;
 mod tls;

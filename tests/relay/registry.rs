@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use exec_server_relay_core::harness::{connect_relay, RelayError};
 use exec_server_relay_core::noise::NoiseIdentity;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::fixtures::*;
 use crate::util::STEP_TIMEOUT;
@@ -27,7 +27,7 @@ async fn registry_bearer_tokens_and_connect_answers() {
     assert_eq!(
         status_of(
             unknown
-                .validate("env-tokens", "reg-x", &key, "v1.x.y")
+                .validate("env-tokens", "reg-x", &key, "v1.x.y", "stream-1")
                 .await
         ),
         401
@@ -40,7 +40,7 @@ async fn registry_bearer_tokens_and_connect_answers() {
     assert_eq!(
         status_of(
             harness
-                .validate("env-tokens", "reg-x", &key, "v1.x.y")
+                .validate("env-tokens", "reg-x", &key, "v1.x.y", "stream-1")
                 .await
         ),
         403
@@ -112,4 +112,129 @@ async fn validate_refused_with_401_registers_again_once_then_exits_on_a_refused_
     let error = refused.await.unwrap().expect_err("validation refused");
     assert_eq!(error, RelayError::Reset("validation_unavailable".into()));
     a.conn.abort();
+}
+
+/// One raw `POST` to the registry with `body` as it is (so malformed bodies can be sent);
+/// the status and the parsed JSON answer.
+async fn raw_post(base: &str, path: &str, token: &str, body: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://").trim_end_matches('/');
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\naccept: */*\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(STEP_TIMEOUT, tcp.read_to_end(&mut answer))
+        .await
+        .expect("the registry answers")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text[9..12].parse().unwrap();
+    let (_, body) = text.split_once("\r\n\r\n").unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// codex's registration body (CODEX-0169 §4.2) is accepted and answered in codex's
+/// shape; malformed ones get 400 with an error body naming the problem, and each refusal
+/// is logged with its reason and never with the token.
+#[tokio::test]
+async fn codex_registrations_are_accepted_and_malformed_ones_are_named() {
+    use exec_server_relay_core::noise::{HybridIkSuite, IkSuite};
+    let rdv = start_rendezvous_logged().await;
+    let path = "/cloud/environment/env-codex/register";
+    let hybrid = NoiseIdentity::generate_for(&HybridIkSuite).public();
+    let codex_body = format!(
+        r#"{{"security_profile":"noise_hybrid_ik_v1","executor_public_key":{}}}"#,
+        hybrid.to_json()
+    );
+    let (status, answer) = raw_post(&rdv.direct, path, EXECUTOR_TOKEN, &codex_body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["environment_id"], "env-codex");
+    assert_eq!(answer["security_profile"], "noise_hybrid_ik_v1");
+    assert!(answer["url"].as_str().unwrap().starts_with("ws://"));
+    assert!(!answer["executor_registration_id"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .is_empty());
+
+    let classic = NoiseIdentity::generate_for(&IkSuite).public();
+    let mut short_kem = hybrid.to_json();
+    short_kem["mlkem768_public_key"] = "AAAA".into();
+    let cases: Vec<(String, &str, Vec<String>)> = vec![
+        (
+            json!({"security_profile": "noise_xx_v1", "executor_public_key": hybrid.to_json()})
+                .to_string(),
+            "unsupported_security_profile",
+            vec![
+                "noise_xx_v1".into(),
+                "noise_hybrid_ik_v1".into(),
+                "noise_ik_v1".into(),
+            ],
+        ),
+        (
+            json!({"security_profile": "noise_hybrid_ik_v1", "executor_public_key": classic.to_json()})
+                .to_string(),
+            "invalid_request",
+            vec![
+                "Noise_IK_25519_AESGCM_SHA256".into(),
+                "noise_hybrid_ik_v1".into(),
+            ],
+        ),
+        (
+            json!({"security_profile": "noise_hybrid_ik_v1", "executor_public_key": short_kem})
+                .to_string(),
+            "invalid_request",
+            vec!["executor_public_key".into(), "mlkem768_public_key".into()],
+        ),
+        (
+            json!({"executor_public_key": hybrid.to_json()}).to_string(),
+            "invalid_request",
+            vec!["security_profile".into()],
+        ),
+        (
+            "{\"security_profile\": ".into(),
+            "invalid_request",
+            vec!["malformed JSON".into()],
+        ),
+    ];
+    for (body, code, named) in &cases {
+        let (status, answer) = raw_post(&rdv.direct, path, EXECUTOR_TOKEN, body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], *code, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        for name in named {
+            assert!(
+                message.contains(name.as_str()),
+                "{message:?} lacks {name:?}"
+            );
+        }
+    }
+    // Each refusal left a log line with its reason; the token never appears.
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let log = rdv.log.lock().unwrap().clone();
+        let refusals = log
+            .lines()
+            .filter(|l| l.contains("registry request refused"))
+            .count();
+        if refusals >= cases.len() {
+            assert!(
+                log.contains("reason=\"unsupported_security_profile\""),
+                "{log}"
+            );
+            assert!(log.contains("environment=env-codex"), "{log}");
+            assert!(!log.contains(EXECUTOR_TOKEN), "{log}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "refusals not logged:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

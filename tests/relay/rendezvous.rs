@@ -45,7 +45,7 @@ async fn rendezvous_closes_harness_sockets_for_text_oversize_and_invalid_frames(
             &sid,
             0,
             0,
-            proto::data_body(0, vec![0u8; 32].into()),
+            proto::data_body(2, vec![0u8; 16].into()),
         ))
         .to_vec(),
         proto::encode(&proto::frame(&sid, 0, 0, proto::handshake_body(Vec::new()))).to_vec(),

@@ -63,6 +63,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if relay {
         rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
     }
+    if wanted("handshake_ik") || wanted("handshake_hybrid") {
+        rows.extend(relay::handshake_rows(budget));
+    }
     if wanted("fair_proc") || wanted("fair_spawn") {
         rows.extend(fair_process::process_flood_rows(budget).await);
     }

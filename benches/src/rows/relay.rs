@@ -1,5 +1,6 @@
 //! The relay: round trips and output throughput through a real `exec-server rendezvous`,
-//! against the local websocket measured in the same run.
+//! against the local websocket measured in the same run; and the Noise handshake of each
+//! suite, codex's hybrid one against the classic one measured in the same run.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant};
 use exec_server_relay_core::harness::{
     connect_relay, RelayConnectArgs, RelayConnection, RelayError,
 };
+use exec_server_relay_core::noise::{HybridIkSuite, IkSuite, NoiseIdentity, NoiseSuite};
 use exec_server_relay_core::registry::SecretString;
 use exec_server_rendezvous::signing::token_digest;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -138,6 +140,85 @@ pub async fn relay_rows(budget: Budget, rtt_ws: f64, pipe_out: f64) -> Vec<Row> 
             floor: Some(pipe_out),
             target: "≥ 0.7× floor",
             met: rate >= 0.7 * pipe_out,
+        },
+    ]
+}
+
+/// One whole handshake of `suite` between two fresh per-stream states (keys fixed): msg1
+/// written and read, msg2 written and read, both sides split into record ciphers — what an
+/// executor and a harness spend on a new stream, without the network.
+fn handshake_once(
+    suite: &'static dyn NoiseSuite,
+    executor: &NoiseIdentity,
+    harness: &NoiseIdentity,
+    buf: &mut [u8],
+    payload: &mut [u8],
+) -> Duration {
+    let authorization = [b'a'; 45];
+    let started = Instant::now();
+    let p = suite.prologue(
+        ENVIRONMENT,
+        "reg-bench",
+        "7b0cd8a6-5f1e-4f59-9d8c-2f5b0c1e9a77",
+    );
+    let mut initiator = suite
+        .initiator(harness, &executor.public(), &p)
+        .expect("initiator");
+    let mut responder = suite.responder(executor, &p).expect("responder");
+    let n = initiator.write_message(&authorization, buf).expect("msg1");
+    responder
+        .read_message(&buf[..n], payload)
+        .expect("read msg1");
+    let n = responder.write_message(&[], buf).expect("msg2");
+    initiator
+        .read_message(&buf[..n], payload)
+        .expect("read msg2");
+    let ciphers = (
+        initiator.into_transport().expect("split"),
+        responder.into_transport().expect("split"),
+    );
+    let elapsed = started.elapsed();
+    drop(ciphers);
+    elapsed
+}
+
+fn handshake_samples(suite: &'static dyn NoiseSuite, count: usize) -> (f64, f64) {
+    let executor = NoiseIdentity::generate_for(suite);
+    let harness = NoiseIdentity::generate_for(suite);
+    let mut buf = vec![0u8; 65_535];
+    let mut payload = vec![0u8; 65_535];
+    let mut samples: Vec<Duration> = (0..count)
+        .map(|_| handshake_once(suite, &executor, &harness, &mut buf, &mut payload))
+        .collect();
+    median_p99(&mut samples)
+}
+
+/// `handshake_ik` (the classic suite, no floor) and `handshake_hybrid` (codex's hybrid
+/// X25519 + ML-KEM-768 suite; floor: `handshake_ik` of this run).
+pub fn handshake_rows(budget: Budget) -> Vec<Row> {
+    let count = (budget.round_trips / 4).max(50);
+    let (classic, classic_p99) = handshake_samples(&IkSuite, count);
+    let (hybrid, hybrid_p99) = handshake_samples(&HybridIkSuite, count);
+    vec![
+        Row {
+            key: "handshake_ik",
+            what: "classic IK handshake (X25519), both ends, in process",
+            unit: Unit::Micros,
+            median: classic,
+            p99: Some(classic_p99),
+            floor: None,
+            target: "≤ 2 ms",
+            met: classic <= 2_000.0,
+        },
+        Row {
+            key: "handshake_hybrid",
+            what: "codex hybridIK handshake (X25519+ML-KEM-768), both ends",
+            unit: Unit::Micros,
+            median: hybrid,
+            p99: Some(hybrid_p99),
+            floor: Some(classic),
+            target: "≤ floor + 2 ms",
+            met: hybrid <= classic + 2_000.0,
         },
     ]
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::link::FrameQueues;
 use crate::proto::{self, Body, RelayMessageFrame, ResetReason};
-use crate::reliable::{ReliableStream, SendError};
+use crate::reliable::{ReliableStream, Semantics, SendError};
 
 /// Frames a stream's inbox holds before the physical reader drops more (§6.1).
 pub const STREAM_INBOX: usize = 256;
@@ -133,11 +133,17 @@ pub async fn drive_stream(
     } = app;
     let mut disconnected_at: Option<Instant> = (!uplink.is_connected()).then(Instant::now);
     if disconnected_at.is_some() {
+        if machine.semantics() == Semantics::Codex {
+            return StreamEnd::Lost;
+        }
         machine.on_disconnected();
     }
     let mut app_open = true;
     let mut close_deadline: Option<Instant> = None;
     let stream_id = machine.stream_id().to_owned();
+    let semantics = machine.semantics();
+    // A codex stream does not survive its physical connection (CODEX-0169 §4.5).
+    let lost_with_link = semantics == Semantics::Codex;
     let end = loop {
         let now = Instant::now();
         match machine.poll_transmit(now) {
@@ -184,6 +190,9 @@ pub async fn drive_stream(
                     machine.on_connected(Instant::now());
                 }
                 Some(StreamEvent::Disconnected) => {
+                    if lost_with_link {
+                        break StreamEnd::Lost;
+                    }
                     disconnected_at.get_or_insert_with(Instant::now);
                     machine.on_disconnected();
                 }
@@ -235,7 +244,8 @@ pub async fn drive_stream(
         }
     };
     if let StreamEnd::ResetSent(reason) = &end {
-        uplink.send(&proto::reset_frame(&stream_id, *reason)).await;
+        let reason = semantics.fault_reason(*reason);
+        uplink.send(&proto::reset_frame(&stream_id, reason)).await;
     }
     end
 }

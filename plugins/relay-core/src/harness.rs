@@ -16,10 +16,13 @@ use crate::driver::{
 };
 use crate::endpoint::{redact_url, BaseUrl};
 use crate::link::{self, Incoming, LinkTiming};
-use crate::noise::{NoiseIdentity, NoisePublicKey, MAX_AUTHORIZATION_BYTES};
-use crate::proto::{self, Body, ResetReason};
+use crate::noise::{
+    suite_by_profile, NoiseIdentity, NoisePublicKey, DEFAULT_SUITE, MAX_AUTHORIZATION_BYTES,
+    SUITE_V1,
+};
+use crate::proto::{self, Body, ResetReason, StreamFeatures};
 use crate::registry::{ConnectBundle, RegistryClient, RegistryError, SecretString};
-use crate::reliable::{ReliableStream, Role, StreamLimits, Timing};
+use crate::reliable::{ReliableStream, Role, Semantics, StreamLimits, Timing};
 
 /// A harness-side failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,7 +62,12 @@ pub struct RelayConnectArgs {
     pub registry_url: String,
     pub environment_id: String,
     pub bearer_token: SecretString,
+    /// The harness's static key; unset: a fresh key of the default suite, or of the
+    /// suite the executor registered with when that is another.
     pub identity: Option<Arc<NoiseIdentity>>,
+    /// The stream features msg1 offers. Reliable by default; a codex executor ignores
+    /// the offer and the stream follows codex semantics.
+    pub stream_features: StreamFeatures,
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
     pub handshake_timeout: Duration,
@@ -89,6 +97,7 @@ impl RelayConnectArgs {
             environment_id: environment_id.to_owned(),
             bearer_token,
             identity: None,
+            stream_features: StreamFeatures::RELIABLE,
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(15),
@@ -180,17 +189,38 @@ fn base_client(args: &RelayConnectArgs) -> Result<Arc<dyn RelayBundleProvider>, 
     ))))
 }
 
+/// The connect bundle and the harness key it was issued for. A harness without a fixed
+/// identity keys itself for the default suite; when the executor registered with another
+/// suite, it asks again with a key of that suite (the bundle names the profile).
+async fn fetch_bundle(
+    args: &RelayConnectArgs,
+    provider: &Arc<dyn RelayBundleProvider>,
+) -> Result<(ConnectBundle, Arc<NoiseIdentity>), RelayError> {
+    let fixed = args.identity.clone();
+    let identity = fixed
+        .clone()
+        .unwrap_or_else(|| Arc::new(NoiseIdentity::generate_for(DEFAULT_SUITE)));
+    let bundle = provider
+        .connect_bundle(&args.environment_id, &identity.public())
+        .await?;
+    if fixed.is_some() || bundle.security_profile == identity.suite().security_profile() {
+        return Ok((bundle, identity));
+    }
+    let Some(suite) = suite_by_profile(&bundle.security_profile) else {
+        return Ok((bundle, identity));
+    };
+    let identity = Arc::new(NoiseIdentity::generate_for(suite));
+    let bundle = provider
+        .connect_bundle(&args.environment_id, &identity.public())
+        .await?;
+    Ok((bundle, identity))
+}
+
 /// Connects a new stream (§3.4): bundle, socket, handshake. The caller then speaks
 /// JSON-RPC (`initialize`, `initialized`, …) over the returned connection.
 pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, RelayError> {
     let provider = base_client(&args)?;
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(|| Arc::new(NoiseIdentity::generate()));
-    let bundle = provider
-        .connect_bundle(&args.environment_id, &identity.public())
-        .await?;
+    let (bundle, identity) = fetch_bundle(&args, &provider).await?;
     let authz = bundle
         .harness_key_authorization
         .expose()
@@ -227,7 +257,12 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     let n = initiator
         .write_message(&authz, &mut buf)
         .map_err(|_| RelayError::HandshakeFailed)?;
-    let msg1 = proto::frame(&stream_id, 0, 0, proto::handshake_body(buf[..n].to_vec()));
+    let msg1 = proto::frame(
+        &stream_id,
+        0,
+        0,
+        proto::handshake_body_with(buf[..n].to_vec(), args.stream_features),
+    );
     let msg1_bytes = proto::encode(&msg1);
     let send = |bytes: Bytes| {
         let tx = handle.frames.control.clone();
@@ -239,11 +274,17 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     send(msg1_bytes.clone()).await;
     let started = Instant::now();
     let deadline = started + args.handshake_timeout;
-    let mut retries = [1u64, 3, 7]
-        .into_iter()
-        .map(|s| started + Duration::from_secs(s));
+    // msg1 is sent again only to executors of the classic suite, which are always ours
+    // (§3.4); what a codex executor makes of a second msg1 is not known, and codex's own
+    // harness never sends one.
+    let retry_at: &[u64] = if suite.name() == SUITE_V1 {
+        &[1, 3, 7]
+    } else {
+        &[]
+    };
+    let mut retries = retry_at.iter().map(|s| started + Duration::from_secs(*s));
     let mut next_retry = retries.next();
-    let msg2 = loop {
+    let (msg2, peer_features) = loop {
         let wake = next_retry.map_or(deadline, |r| r.min(deadline));
         let incoming = tokio::select! {
             i = link::read(&mut reader, &handle) => i,
@@ -281,7 +322,10 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
             continue;
         }
         match frame.body {
-            Some(Body::Handshake(h)) => break h.payload,
+            Some(Body::Handshake(h)) => {
+                let features = StreamFeatures::announced(&h);
+                break (h.payload, features);
+            }
             Some(Body::Reset(r)) => {
                 handle.close(1000);
                 return Err(RelayError::Reset(ResetReason::parse(&r.reason).to_string()));
@@ -308,9 +352,12 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         return Err(RelayError::HandshakeFailed);
     };
 
+    let semantics = Semantics::for_stream(suite, args.stream_features, peer_features);
+    tracing::debug!(stream = %stream_id, ?semantics, "relay stream established");
     let machine = ReliableStream::new(
         stream_id.clone(),
         Role::Harness,
+        semantics,
         transport,
         args.limits,
         args.timing,
@@ -325,6 +372,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     let done = CancellationToken::new();
     let physical = Physical {
         stream_id: stream_id.clone(),
+        semantics,
         msg2,
         pinned: bundle.executor_public_key,
         identity,
@@ -382,6 +430,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
 /// reconnects within the grace (§5.8).
 struct Physical {
     stream_id: String,
+    semantics: Semantics,
     msg2: Bytes,
     pinned: NoisePublicKey,
     identity: Arc<NoiseIdentity>,
@@ -472,15 +521,28 @@ impl Physical {
                     continue;
                 }
                 let is_reset = matches!(frame.body, Some(Body::Reset(_)));
-                if self.inbox.try_send(StreamEvent::Frame(frame)).is_err() && is_reset {
-                    let _ = self
-                        .inbox
-                        .send(StreamEvent::Abort(ResetReason::Unspecified))
-                        .await;
+                let lossless = self.semantics == Semantics::Codex;
+                if let Err(mpsc::error::TrySendError::Full(event)) =
+                    self.inbox.try_send(StreamEvent::Frame(frame))
+                {
+                    if lossless {
+                        // Nothing is resent on a codex stream: wait rather than drop.
+                        let _ = self.inbox.send(event).await;
+                    } else if is_reset {
+                        let _ = self
+                            .inbox
+                            .send(StreamEvent::Abort(ResetReason::Unspecified))
+                            .await;
+                    }
                 }
             }
             self.uplink.set(None);
             let _ = self.inbox.send(StreamEvent::Disconnected).await;
+            if self.semantics == Semantics::Codex {
+                // No Resume on a codex stream: the disconnect ended it.
+                self.fail(RelayError::Lost);
+                return;
+            }
             match self.reconnect().await {
                 Some((h, r)) => {
                     handle = h;

@@ -6,10 +6,12 @@
 //!
 //! * [`proto`] — the relay.v1 frame schema (prost), frame constructors, stateless
 //!   validation, reset reasons.
-//! * [`noise`] — the Noise suites behind the [`noise::NoiseSuite`] seam, static keys and
+//! * [`noise`] — the Noise suites behind the [`noise::NoiseSuite`] seam (codex's hybrid
+//!   X25519 + ML-KEM-768 suite, the default, and the classic X25519 one), static keys and
 //!   their JSON, the prologue.
-//! * [`reliable`] — one stream's records, sequence numbers, acks, retransmission and
-//!   resume, as a sans-IO state machine.
+//! * [`reliable`] — one stream's records and sequence numbers as a sans-IO state machine,
+//!   under either rule set negotiated at the handshake: acks, retransmission and resume
+//!   (RELAY §5), or codex 0.169.0's (seq from 0, nothing acknowledged or resent).
 //! * [`driver`] — the task that runs one stream between its inbox, the JSON-RPC side and
 //!   the current physical connection (stream multiplexing over one socket).
 //! * [`link`] — one physical WebSocket to the rendezvous: limits, writer queues, Ping/Pong.

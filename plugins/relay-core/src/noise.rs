@@ -4,12 +4,13 @@
 //!
 //! Nothing outside a suite's own module names its Noise library: a suite is chosen by the
 //! `suite` tag of a key or by a registration's `security_profile`, and everything after
-//! that goes through the traits here. v1 has one suite, [`IkSuite`]
-//! (`Noise_IK_25519_AESGCM_SHA256` over snow); a second one (codex's
-//! `Noise_hybridIK_X25519+MLKEM768_AESGCM_SHA256`, profile `noise_hybrid_ik_v1`, with keys
-//! that carry an ML-KEM-768 half, messages of 3,568 + P and 3,424 bytes and its own
-//! prologue domain) is another implementation added to [`SUITES`].
+//! that goes through the traits here. Two suites: codex's [`HybridIkSuite`]
+//! (`Noise_hybridIK_X25519+MLKEM768_AESGCM_SHA256` over clatter, profile
+//! `noise_hybrid_ik_v1`, keys with an ML-KEM-768 half, messages of 3,568 + P and 3,424
+//! bytes), the default, and our classic [`IkSuite`] (`Noise_IK_25519_AESGCM_SHA256` over
+//! snow, profile `noise_ik_v1`). Both bind the same prologue.
 
+mod hybrid_ik;
 mod ik;
 
 use std::sync::Arc;
@@ -18,6 +19,9 @@ use base64::Engine as _;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
+pub use hybrid_ik::{
+    HybridIkSuite, HYBRID_MSG1_OVERHEAD, HYBRID_MSG2_LEN, SECURITY_PROFILE_HYBRID, SUITE_HYBRID,
+};
 pub use ik::IkSuite;
 
 /// The v1 Noise protocol name, also the `suite` tag of key JSON.
@@ -34,8 +38,13 @@ pub const MSG1_MAX: usize = 96 + MAX_AUTHORIZATION_BYTES;
 /// msg2 of the v1 suite is exactly 48 bytes.
 pub const MSG2_LEN: usize = 48;
 
-/// Every suite this build speaks, the default (the one a fresh identity uses) first.
-pub static SUITES: &[&dyn NoiseSuite] = &[&IkSuite];
+/// Every suite this build speaks, the default of new registrations and harness keys
+/// ([`DEFAULT_SUITE`]) first.
+pub static SUITES: &[&dyn NoiseSuite] = &[&HybridIkSuite, &IkSuite];
+
+/// The suite an executor registers with and a harness keys itself for unless told
+/// otherwise: codex's hybrid suite, which every codex 0.169.0 peer speaks.
+pub static DEFAULT_SUITE: &dyn NoiseSuite = &HybridIkSuite;
 
 /// The suite whose key JSON tag is `name`.
 pub fn suite_by_name(name: &str) -> Option<&'static dyn NoiseSuite> {
@@ -174,9 +183,15 @@ impl std::fmt::Debug for NoiseIdentity {
 }
 
 impl NoiseIdentity {
-    /// A fresh random key pair of the default suite.
+    /// A fresh random key pair of the classic v1 suite (`noise_ik_v1`); see
+    /// [`NoiseIdentity::generate_for`] for the others.
     pub fn generate() -> Self {
-        SUITES[0].generate_identity()
+        IkSuite.generate_identity()
+    }
+
+    /// A fresh random key pair of `suite`.
+    pub fn generate_for(suite: &'static dyn NoiseSuite) -> Self {
+        suite.generate_identity()
     }
 
     /// A v1 key pair from a 32-byte X25519 private key (tests, caller-supplied identities).

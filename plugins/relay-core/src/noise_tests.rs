@@ -110,8 +110,8 @@ fn identity_public_key_matches_rfc7748() {
 #[test]
 fn handshake_round_trip_sizes() {
     let suite = IkSuite;
-    let executor = NoiseIdentity::generate();
-    let harness = NoiseIdentity::generate();
+    let executor = NoiseIdentity::generate_for(&IkSuite);
+    let harness = NoiseIdentity::generate_for(&IkSuite);
     let p = prologue("env-1", "reg-1", "stream-1");
     let mut init = suite.initiator(&harness, &executor.public(), &p).unwrap();
     let mut resp = suite.responder(&executor, &p).unwrap();
@@ -134,9 +134,9 @@ fn handshake_round_trip_sizes() {
 #[test]
 fn wrong_pinned_key_or_prologue_fails_msg1() {
     let suite = IkSuite;
-    let executor = NoiseIdentity::generate();
-    let impostor = NoiseIdentity::generate();
-    let harness = NoiseIdentity::generate();
+    let executor = NoiseIdentity::generate_for(&IkSuite);
+    let impostor = NoiseIdentity::generate_for(&IkSuite);
+    let harness = NoiseIdentity::generate_for(&IkSuite);
     let p = prologue("env-1", "reg-1", "stream-1");
     let mut buf = vec![0u8; 65_535];
     let mut out = vec![0u8; 65_535];
@@ -151,4 +151,188 @@ fn wrong_pinned_key_or_prologue_fails_msg1() {
     let other = prologue("env-1", "reg-1", "stream-2");
     let mut resp = suite.responder(&executor, &other).unwrap();
     assert!(resp.read_message(&buf[..n], &mut out).is_err());
+}
+
+// ---- the hybrid suite (CODEX-0169 §4.6) --------------------------------------------
+
+fn sha256(bytes: &[u8]) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .to_vec()
+}
+
+#[test]
+fn hybrid_protocol_name_and_prologue_check_values() {
+    // The name clatter hashes is codex's, not the key JSON tag.
+    let name = hybrid_ik::protocol_name();
+    assert_eq!(name, "Noise_hybridIK_25519+MLKEM768_AESGCM_SHA256");
+    let h0 = sha256(name.as_bytes());
+    assert_eq!(
+        hex(&h0),
+        "646856ce6fda9f9f037c69557c3c9f5ada7d1bc70b0c4beea72befcaf862edfa"
+    );
+    let p = HybridIkSuite.prologue("env-1", "registration-1", "stream-1");
+    let mut mixed = h0;
+    mixed.extend_from_slice(&p);
+    assert_eq!(
+        hex(&sha256(&mixed)),
+        "456d963917650255c15bab3dab46bf948ea41eb36aa7332f659fd8faa286d066"
+    );
+}
+
+#[test]
+fn the_default_suite_is_hybrid_and_both_are_selectable() {
+    assert_eq!(DEFAULT_SUITE.name(), SUITE_HYBRID);
+    assert_eq!(SUITES[0].name(), SUITE_HYBRID);
+    assert_eq!(NoiseIdentity::generate().suite().name(), SUITE_V1);
+    assert_eq!(
+        suite_by_profile("noise_hybrid_ik_v1").unwrap().name(),
+        SUITE_HYBRID
+    );
+    assert_eq!(suite_by_profile("noise_ik_v1").unwrap().name(), SUITE_V1);
+    assert!(suite_by_profile("noise_xx_v1").is_none());
+}
+
+#[test]
+fn hybrid_key_json_round_trip_and_rejections() {
+    let identity = NoiseIdentity::generate_for(&HybridIkSuite);
+    let json = identity.public().to_json();
+    let object = json.as_object().unwrap();
+    let members: Vec<&str> = object.keys().map(String::as_str).collect();
+    assert_eq!(
+        members,
+        ["mlkem768_public_key", "suite", "x25519_public_key"]
+    );
+    assert_eq!(json["suite"], SUITE_HYBRID);
+    assert_eq!(json["x25519_public_key"].as_str().unwrap().len(), 44);
+    assert_eq!(json["mlkem768_public_key"].as_str().unwrap().len(), 1580);
+    assert_eq!(NoisePublicKey::from_json(&json).unwrap(), identity.public());
+
+    let with = |name: &str, value: Value| {
+        let mut v = json.clone();
+        v[name] = value;
+        NoisePublicKey::from_json(&v)
+    };
+    let mut extra = json.clone();
+    extra["name"] = "x".into();
+    assert!(matches!(
+        NoisePublicKey::from_json(&extra),
+        Err(NoiseError::KeyJson(_))
+    ));
+    let mut missing = json.clone();
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("mlkem768_public_key");
+    assert!(NoisePublicKey::from_json(&missing).is_err());
+    let short = base64::engine::general_purpose::STANDARD.encode([7u8; 1183]);
+    assert_eq!(
+        with("mlkem768_public_key", short.into()),
+        Err(NoiseError::KeyJson(
+            "`mlkem768_public_key` is not 1,184 bytes"
+        ))
+    );
+    assert!(matches!(
+        with("mlkem768_public_key", "A".repeat(1_000_000).into()),
+        Err(NoiseError::KeyJson(_))
+    ));
+    let zero = base64::engine::general_purpose::STANDARD.encode([0u8; 32]);
+    assert_eq!(
+        with("x25519_public_key", zero.into()),
+        Err(NoiseError::ZeroKey)
+    );
+    assert!(with("x25519_public_key", json!(7)).is_err());
+    // A classic key is not a hybrid one, and the other way round.
+    assert!(
+        NoisePublicKey::from_json(&json!({"suite": SUITE_HYBRID, "x25519_public_key": ALICE}))
+            .is_err()
+    );
+}
+
+/// Both suites, between our two ends: msg sizes, the payload, the remote static key, and
+/// records in both directions with implicit nonces.
+#[test]
+fn handshake_and_records_both_ways_for_every_suite() {
+    for suite in SUITES.iter().copied() {
+        let executor = NoiseIdentity::generate_for(suite);
+        let harness = NoiseIdentity::generate_for(suite);
+        let p = suite.prologue("env-1", "reg-1", "7b0cd8a6-5f1e-4f59-9d8c-2f5b0c1e9a77");
+        let mut init = suite.initiator(&harness, &executor.public(), &p).unwrap();
+        let mut resp = suite.responder(&executor, &p).unwrap();
+        let authz = b"v1.authorization-text-of-45-bytes-exactly-xx";
+        let mut buf = vec![0u8; 65_535];
+        let mut payload = vec![0u8; 65_535];
+        let n1 = init.write_message(authz, &mut buf).unwrap();
+        let (min, max) = suite.msg1_bounds();
+        assert_eq!(n1, min - 1 + authz.len(), "{}", suite.name());
+        assert!(n1 <= max);
+        let p1 = resp.read_message(&buf[..n1], &mut payload).unwrap();
+        assert_eq!(&payload[..p1], authz);
+        assert_eq!(resp.remote_static().unwrap(), harness.public());
+        let n2 = resp.write_message(&[], &mut buf).unwrap();
+        assert_eq!(n2, suite.msg2_len(), "{}", suite.name());
+        assert_eq!(init.read_message(&buf[..n2], &mut payload).unwrap(), 0);
+        assert!(init.is_finished() && resp.is_finished());
+        let mut to_executor = init.into_transport().unwrap();
+        let mut to_harness = resp.into_transport().unwrap();
+        for round in 0..3u8 {
+            let text = vec![round; 100 + usize::from(round)];
+            let n = to_executor.encrypt(&text, &mut buf).unwrap();
+            assert_eq!(n, text.len() + 16);
+            let m = to_harness.decrypt(&buf[..n], &mut payload).unwrap();
+            assert_eq!(&payload[..m], &text[..]);
+            let n = to_harness.encrypt(&text, &mut buf).unwrap();
+            let m = to_executor.decrypt(&buf[..n], &mut payload).unwrap();
+            assert_eq!(&payload[..m], &text[..]);
+        }
+        assert_eq!(to_executor.sending_nonce(), 3);
+        assert_eq!(to_harness.receiving_nonce(), 3);
+        // A replayed or tampered record does not decrypt.
+        let n = to_executor.encrypt(b"once", &mut buf).unwrap();
+        let record = buf[..n].to_vec();
+        to_harness.decrypt(&record, &mut payload).unwrap();
+        assert!(to_harness.decrypt(&record, &mut payload).is_err());
+        let n = to_executor.encrypt(b"twice", &mut buf).unwrap();
+        buf[0] ^= 1;
+        assert!(to_harness.decrypt(&buf[..n], &mut payload).is_err());
+    }
+}
+
+/// A harness pinned to a key whose X25519 half or whose ML-KEM half is not the
+/// executor's fails at msg1, as does a different prologue.
+#[test]
+fn hybrid_wrong_half_or_prologue_fails_msg1() {
+    let suite = &HybridIkSuite;
+    let executor = NoiseIdentity::generate_for(suite);
+    let other = NoiseIdentity::generate_for(suite);
+    let harness = NoiseIdentity::generate_for(suite);
+    let p = suite.prologue("env-1", "reg-1", "stream-1");
+    let mixed = |dh_from: &NoiseIdentity, kem_from: &NoiseIdentity| {
+        let mut bytes = dh_from.public().as_bytes()[..32].to_vec();
+        bytes.extend_from_slice(&kem_from.public().as_bytes()[32..]);
+        NoisePublicKey::new(suite, &bytes)
+    };
+    let mut buf = vec![0u8; 65_535];
+    let mut out = vec![0u8; 65_535];
+    for pinned in [mixed(&other, &executor), mixed(&executor, &other)] {
+        let mut init = suite.initiator(&harness, &pinned, &p).unwrap();
+        let n = init.write_message(b"a", &mut buf).unwrap();
+        let mut resp = suite.responder(&executor, &p).unwrap();
+        assert!(resp.read_message(&buf[..n], &mut out).is_err());
+    }
+    let mut init = suite.initiator(&harness, &executor.public(), &p).unwrap();
+    let n = init.write_message(b"a", &mut buf).unwrap();
+    let other_prologue = suite.prologue("env-1", "reg-2", "stream-1");
+    let mut resp = suite.responder(&executor, &other_prologue).unwrap();
+    assert!(resp.read_message(&buf[..n], &mut out).is_err());
+    // Keys of the other suite are refused before any handshake.
+    let classic = NoiseIdentity::generate_for(&IkSuite);
+    assert!(matches!(
+        suite.initiator(&harness, &classic.public(), &p),
+        Err(NoiseError::SuiteMismatch { .. })
+    ));
+    assert!(suite.responder(&classic, &p).is_err());
+    // An oversized payload is an error, not clatter's panic.
+    let mut init = suite.initiator(&harness, &executor.public(), &p).unwrap();
+    assert!(init.write_message(&vec![1u8; 65_535], &mut buf).is_err());
 }

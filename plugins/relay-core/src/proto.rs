@@ -152,7 +152,47 @@ pub fn data_body(seq: u32, payload: Bytes) -> Body {
 pub fn handshake_body(payload: impl Into<Bytes>) -> Body {
     Body::Handshake(RelayHandshake {
         payload: payload.into(),
+        stream_features: None,
     })
+}
+
+/// A handshake body that also announces `features` (our extension; codex ignores it).
+pub fn handshake_body_with(payload: impl Into<Bytes>, features: StreamFeatures) -> Body {
+    Body::Handshake(RelayHandshake {
+        payload: payload.into(),
+        stream_features: (!features.is_empty()).then_some(features.0),
+    })
+}
+
+/// The stream features a handshake frame announces (`RelayHandshake.stream_features`, our
+/// extension of the frame schema). codex 0.169.0 never sets the field and ignores it, so
+/// a stream with a codex peer has none: codex semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamFeatures(u32);
+
+impl StreamFeatures {
+    /// No extension: codex 0.169.0 stream semantics.
+    pub const NONE: Self = Self(0);
+    /// Reliable streams: seq from 1, acks, retransmission, Resume (RELAY §5).
+    pub const RELIABLE: Self = Self(1);
+
+    /// What a received handshake announces; unknown bits are dropped.
+    pub fn announced(handshake: &RelayHandshake) -> Self {
+        Self(handshake.stream_features.unwrap_or(0) & Self::RELIABLE.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0 && !other.is_empty()
+    }
+
+    /// The features both ends announced.
+    pub fn intersect(self, other: Self) -> Self {
+        Self(self.0 & other.0)
+    }
 }
 
 pub fn reset_body(reason: ResetReason) -> Body {
@@ -197,8 +237,6 @@ pub enum FrameFault {
     Segments,
     /// Row 7: payload outside 17 … 61,456 bytes.
     PayloadSize,
-    /// Row 8: `seq == 0`.
-    SeqZero,
     /// Row 9: handshake payload empty or above 65,535 bytes.
     HandshakeSize,
 }
@@ -210,7 +248,6 @@ impl FrameFault {
             Self::StreamId => None,
             Self::Version | Self::NoBody | Self::Segments => Some(ResetReason::InvalidFrame),
             Self::PayloadSize => Some(ResetReason::RecordError),
-            Self::SeqZero => Some(ResetReason::SequenceError),
             Self::HandshakeSize => Some(ResetReason::HandshakeFailed),
         }
     }
@@ -224,7 +261,9 @@ pub fn stream_id_is_valid(id: &str) -> bool {
         && id.trim() == id
 }
 
-/// Rows 4–9 of §2.5 (everything that needs no stream state), in table order.
+/// Rows 4–9 of §2.5 (everything that needs no stream state), in table order. Row 8
+/// (`seq == 0`) needs the stream's semantics — seq 0 is codex's first record — so the
+/// reliable stream checks it.
 pub fn validate(frame: &RelayMessageFrame) -> Result<(), FrameFault> {
     if frame.version != FRAME_VERSION {
         return Err(if stream_id_is_valid(&frame.stream_id) {
@@ -244,8 +283,6 @@ pub fn validate(frame: &RelayMessageFrame) -> Result<(), FrameFault> {
             } else if !(MIN_RECORD_CIPHERTEXT..=MAX_RECORD_CIPHERTEXT).contains(&data.payload.len())
             {
                 Err(FrameFault::PayloadSize)
-            } else if data.seq == 0 {
-                Err(FrameFault::SeqZero)
             } else {
                 Ok(())
             }

@@ -17,6 +17,8 @@ use crate::noise::{suite_by_profile, NoisePublicKey, MAX_AUTHORIZATION_BYTES};
 const MAX_SHOWN_ERROR_BODY: usize = 4_096;
 /// Largest response body read.
 const MAX_RESPONSE_BODY: usize = 1024 * 1024;
+/// The header that names the stream a `validate` call is for (CODEX-0169 §4.2).
+pub const STREAM_ID_HEADER: &str = "x-codex-noise-stream-id";
 
 /// A secret string whose `Debug` never shows it (the configuration's own type, so a token
 /// read at start-up is handed on as is).
@@ -246,20 +248,25 @@ impl RegistryClient {
         parse_bundle(environment_id, &value, self.allow_insecure)
     }
 
-    /// `POST …/validate` (§7.5). `Ok(true)` only for a 200 whose `valid` is `true`.
+    /// `POST …/validate` (§7.5) for the stream `stream_id`, named in the
+    /// `x-codex-noise-stream-id` header as codex does. `Ok(true)` only for a 200 whose
+    /// `valid` is `true`.
     pub async fn validate(
         &self,
         environment_id: &str,
         registration_id: &str,
         harness_key: &NoisePublicKey,
         authorization: &str,
+        stream_id: &str,
     ) -> Result<bool, RegistryError> {
         let body = json!({
             "executor_registration_id": registration_id,
             "harness_public_key": harness_key.to_json(),
             "harness_key_authorization": authorization,
         });
-        let value = self.post(environment_id, "validate", &body, false).await?;
+        let value = self
+            .post_with(environment_id, "validate", &body, false, Some(stream_id))
+            .await?;
         Ok(value.get("valid") == Some(&Value::Bool(true)))
     }
 
@@ -270,6 +277,18 @@ impl RegistryClient {
         body: &Value,
         show_error_body: bool,
     ) -> Result<Value, RegistryError> {
+        self.post_with(environment_id, call, body, show_error_body, None)
+            .await
+    }
+
+    async fn post_with(
+        &self,
+        environment_id: &str,
+        call: &str,
+        body: &Value,
+        show_error_body: bool,
+        stream_id: Option<&str>,
+    ) -> Result<Value, RegistryError> {
         check_environment_id(environment_id).map_err(RegistryError::InvalidEnvironmentId)?;
         let url = self.base.endpoint(environment_id, call);
         let body = serde_json::to_vec(body).expect("JSON serializes");
@@ -277,7 +296,7 @@ impl RegistryClient {
             .http
             .as_ref()
             .map_err(|e| RegistryError::Transport(e.clone()))?;
-        let exchange = post_json(http, url, self.token.expose(), body);
+        let exchange = post_json(http, url, self.token.expose(), body, stream_id);
         let (status, retry_after, bytes) = tokio::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| RegistryError::Timeout)??;
@@ -331,6 +350,13 @@ pub fn parse_bundle(
                 ))
             })
         })?;
+    if key.suite().security_profile() != profile {
+        return Err(RegistryError::BadResponse(format!(
+            "relay registry returned an executor key of the suite `{}` for the security profile `{}`",
+            key.suite_name(),
+            crate::proto::truncate_for_log(&profile)
+        )));
+    }
     let authz = text("harness_key_authorization")?;
     if authz.trim().is_empty() || authz.len() > MAX_AUTHORIZATION_BYTES {
         return Err(RegistryError::BadResponse(
@@ -377,16 +403,18 @@ async fn post_json(
     url: url::Url,
     token: &str,
     body: Vec<u8>,
+    stream_id: Option<&str>,
 ) -> Result<(u16, Option<u64>, Bytes), RegistryError> {
-    let mut response = http
+    // The headers codex 0.169.0 sends (CODEX-0169 §4.2).
+    let mut request = http
         .post(url)
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .header(header::CONTENT_TYPE, "application/json")
-        .header(header::ACCEPT, "application/json")
-        .body(body)
-        .send()
-        .await
-        .map_err(transport_error)?;
+        .header(header::ACCEPT, "*/*");
+    if let Some(stream_id) = stream_id {
+        request = request.header(STREAM_ID_HEADER, stream_id);
+    }
+    let mut response = request.body(body).send().await.map_err(transport_error)?;
     let status = response.status().as_u16();
     let retry_after = response
         .headers()
@@ -451,7 +479,9 @@ mod tests {
                 .to_string(),
             "relay registry returned a different environment id"
         );
-        assert!(with("security_profile", json!("noise_hybrid_ik_v1")).is_err());
+        // The profile must name a suite this build speaks; the key is checked by its own
+        // suite tag.
+        assert!(with("security_profile", json!("noise_xx_v1")).is_err());
         assert!(with("url", json!("https://127.0.0.1/x")).is_err());
         assert!(with("url", json!("wss:///x")).is_err());
         assert!(with("url", json!("ws://example.com/x")).is_err());

@@ -8,6 +8,13 @@
 //! stall limit. It performs no IO and reads no clock: the driver feeds it frames, messages
 //! and the current time, and takes out frames to send, messages to deliver and the next
 //! instant at which it wants [`ReliableStream::on_timer`] to be called.
+//!
+//! A stream follows one of two rule sets, fixed at the handshake ([`Semantics`]): the
+//! reliable one above, when both ends announced it, or codex 0.169.0's (CODEX-0169 §4.5),
+//! with any peer that did not: seq from 0, `ack`/`ack_bits` always 0, no acks, no
+//! retransmission, no Resume, and a receiver that tolerates duplicates and reordering
+//! within 64 records. Records, their cipher, framing, reassembly and the inbound queue
+//! are the same in both.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -33,6 +40,70 @@ pub const WINDOW_BYTES: usize = 2 * 1024 * 1024;
 pub const MAX_SEQ: u32 = u32::MAX - 1;
 /// Plaintext the sender buffers before it refuses further messages (back-pressure).
 const SEND_BUFFER_BYTES: usize = 1024 * 1024;
+/// Records beyond the next expected one that a codex-semantics receiver holds (codex's
+/// reorder window, CODEX-0169 §4.5); a record further ahead resets the stream. It also
+/// bounds what waits while the inbound queue is full: codex streams have no flow control.
+pub const CODEX_REORDER_RECORDS: u32 = 64;
+
+/// The rules a stream follows, decided at the handshake from what both ends announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Semantics {
+    /// RELAY §5: seq from 1, acks, retransmission, Resume across reconnects.
+    Reliable,
+    /// codex 0.169.0 (CODEX-0169 §4.5): seq from 0, no acks, nothing resent, a physical
+    /// disconnect ends the stream.
+    Codex,
+}
+
+impl Semantics {
+    /// The semantics of a stream of `suite` whose ends offered `ours` and `theirs`. The
+    /// classic suite is always reliable: only RELAY.md v1 peers speak it (codex never does)
+    /// and they do not announce anything. With the hybrid suite the peer may be codex, so
+    /// a stream is reliable only when both ends announced it.
+    pub fn for_stream(
+        suite: &dyn crate::noise::NoiseSuite,
+        ours: proto::StreamFeatures,
+        theirs: proto::StreamFeatures,
+    ) -> Self {
+        if suite.name() == crate::noise::SUITE_V1 {
+            return Self::Reliable;
+        }
+        Self::negotiated(ours.intersect(theirs))
+    }
+
+    /// Reliable only when both ends announced it.
+    pub fn negotiated(features: proto::StreamFeatures) -> Self {
+        if features.contains(proto::StreamFeatures::RELIABLE) {
+            Self::Reliable
+        } else {
+            Self::Codex
+        }
+    }
+
+    /// The first record's seq (and the offset between seq and nonce).
+    fn first_seq(self) -> u32 {
+        match self {
+            Self::Reliable => 1,
+            Self::Codex => 0,
+        }
+    }
+
+    /// The Reset reason a protocol fault is reported with: codex peers know one.
+    pub fn fault_reason(self, reason: ResetReason) -> ResetReason {
+        match (self, reason) {
+            (
+                Self::Codex,
+                ResetReason::SequenceError
+                | ResetReason::DecryptFailed
+                | ResetReason::RecordError
+                | ResetReason::InvalidFrame
+                | ResetReason::HandshakeFailed
+                | ResetReason::ResumeMismatch,
+            ) => ResetReason::NoiseRelayProtocolError,
+            _ => reason,
+        }
+    }
+}
 
 /// The relay's timing values. Only tests change them (§6.2 "fixed").
 #[derive(Debug, Clone, Copy)]
@@ -176,6 +247,7 @@ pub struct StreamStats {
 pub struct ReliableStream {
     stream_id: String,
     role: Role,
+    semantics: Semantics,
     cipher: Box<dyn RecordCipher>,
     limits: StreamLimits,
     timing: Timing,
@@ -196,6 +268,7 @@ pub struct ReliableStream {
     last_received: Instant,
 
     // Receiving direction.
+    /// Records decrypted so far; the next expected seq is this plus the first seq.
     delivered: u32,
     highest_received: u32,
     reorder: BTreeMap<u32, Bytes>,
@@ -229,11 +302,12 @@ impl std::fmt::Debug for ReliableStream {
 }
 
 impl ReliableStream {
-    /// A machine for an established stream; `connected` tells whether a physical
-    /// connection is up right now.
+    /// A machine for an established stream following `semantics`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         stream_id: String,
         role: Role,
+        semantics: Semantics,
         cipher: Box<dyn RecordCipher>,
         limits: StreamLimits,
         timing: Timing,
@@ -242,6 +316,7 @@ impl ReliableStream {
         Self {
             stream_id,
             role,
+            semantics,
             cipher,
             limits,
             timing,
@@ -249,7 +324,7 @@ impl ReliableStream {
             closing: false,
             scratch: vec![0u8; MAX_NOISE_MESSAGE],
             pending: BytesMut::new(),
-            next_seq: 1,
+            next_seq: semantics.first_seq(),
             peer_ack: 0,
             unacked: BTreeMap::new(),
             unacked_bytes: 0,
@@ -281,8 +356,24 @@ impl ReliableStream {
         self.stats
     }
 
-    /// The receiver state to report: `ack` and `ack_bits` (§5.2).
+    pub fn semantics(&self) -> Semantics {
+        self.semantics
+    }
+
+    fn is_codex(&self) -> bool {
+        self.semantics == Semantics::Codex
+    }
+
+    /// The seq of the next record to deliver.
+    fn next_expected(&self) -> u32 {
+        self.delivered + self.semantics.first_seq()
+    }
+
+    /// The receiver state to report: `ack` and `ack_bits` (§5.2); always 0 with codex.
     pub fn ack_fields(&self) -> (u32, u32) {
+        if self.is_codex() {
+            return (0, 0);
+        }
         let mut bits = 0u32;
         for &seq in self.reorder.keys() {
             let offset = seq - self.delivered - 1;
@@ -342,27 +433,46 @@ impl ReliableStream {
         self.next_seq - 1
     }
 
-    /// Cuts and encrypts new records while the window allows (§4, §5.6, §3.7).
-    fn make_records(&mut self, now: Instant, out: &mut Vec<u32>) -> Result<(), ResetReason> {
+    /// Cuts and encrypts new records while the window allows (§4, §5.6, §3.7). Codex
+    /// streams have no window and keep nothing for retransmission: their records go
+    /// straight to `fresh`.
+    fn make_records(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u32>,
+        fresh: &mut Vec<(u32, Bytes)>,
+    ) -> Result<(), ResetReason> {
+        let codex = self.is_codex();
         while !self.pending.is_empty() {
             let seq = self.next_seq;
-            if seq > self.peer_ack.saturating_add(WINDOW_RECORDS) {
-                break;
-            }
             let take = self.pending.len().min(MAX_RECORD_PLAINTEXT);
-            if self.unacked_bytes + take + proto::TAG_LEN > WINDOW_BYTES {
-                break;
+            if !codex {
+                if seq > self.peer_ack.saturating_add(WINDOW_RECORDS) {
+                    break;
+                }
+                if self.unacked_bytes + take + proto::TAG_LEN > WINDOW_BYTES {
+                    break;
+                }
             }
             if seq > MAX_SEQ {
                 return Err(ResetReason::SequenceExhausted);
             }
             let plain = self.pending.split_to(take);
-            debug_assert_eq!(self.cipher.sending_nonce(), u64::from(seq) - 1);
+            debug_assert_eq!(
+                self.cipher.sending_nonce(),
+                u64::from(seq - self.semantics.first_seq())
+            );
             let len = self
                 .cipher
                 .encrypt(&plain, &mut self.scratch)
                 .map_err(|_| ResetReason::RecordError)?;
             let ciphertext = Bytes::copy_from_slice(&self.scratch[..len]);
+            self.next_seq += 1;
+            self.stats.records_sent += 1;
+            if codex {
+                fresh.push((seq, ciphertext));
+                continue;
+            }
             self.unacked_bytes += ciphertext.len();
             self.unacked.insert(
                 seq,
@@ -372,8 +482,6 @@ impl ReliableStream {
                     retransmitted: false,
                 },
             );
-            self.next_seq += 1;
-            self.stats.records_sent += 1;
             out.push(seq);
         }
         Ok(())
@@ -430,6 +538,13 @@ impl ReliableStream {
         now: Instant,
     ) -> Result<(), ResetReason> {
         self.last_received = now;
+        if self.is_codex() {
+            // Acks, Resume and Heartbeat carry nothing in codex semantics.
+            return match &frame.body {
+                Some(Body::Data(data)) => self.receive_record(data.seq, data.payload.clone(), now),
+                _ => Ok(()),
+            };
+        }
         match &frame.body {
             Some(Body::Data(data)) => {
                 self.apply_ack(frame.ack, frame.ack_bits, now)?;
@@ -452,15 +567,22 @@ impl ReliableStream {
         payload: Bytes,
         now: Instant,
     ) -> Result<(), ResetReason> {
-        if seq == 0 {
+        if seq < self.semantics.first_seq() {
             return Err(ResetReason::SequenceError);
         }
-        if u64::from(seq) > u64::from(self.delivered) + u64::from(WINDOW_RECORDS) {
+        let window = if self.is_codex() {
+            CODEX_REORDER_RECORDS
+        } else {
+            WINDOW_RECORDS
+        };
+        let expected = self.next_expected();
+        if u64::from(seq) >= u64::from(expected) + u64::from(window) {
             return Err(ResetReason::SequenceError);
         }
-        if seq <= self.delivered || self.reorder.contains_key(&seq) {
+        if seq < expected || self.reorder.contains_key(&seq) {
             self.stats.duplicates_received += 1;
-            self.ack_now = true;
+            // A codex peer takes an Ack frame for an invalid one.
+            self.ack_now = !self.is_codex();
             return Ok(());
         }
         if !(proto::MIN_RECORD_CIPHERTEXT..=proto::MAX_RECORD_CIPHERTEXT).contains(&payload.len()) {
@@ -468,8 +590,12 @@ impl ReliableStream {
         }
         self.reorder.insert(seq, payload);
         self.highest_received = self.highest_received.max(seq);
+        if self.is_codex() {
+            self.deliver(now)?;
+            return Ok(());
+        }
         self.received_since_ack += 1;
-        if seq != self.delivered + 1 || self.received_since_ack >= ACK_EVERY_RECORDS {
+        if seq != expected || self.received_since_ack >= ACK_EVERY_RECORDS {
             self.ack_now = true;
         }
         self.deliver(now)?;
@@ -490,14 +616,14 @@ impl ReliableStream {
 
     /// True while record `delivered + 1` waits for room in the inbound queue (§5.6).
     pub fn is_holding_back(&self) -> bool {
-        !self.queue_has_room() && self.reorder.contains_key(&(self.delivered + 1))
+        !self.queue_has_room() && self.reorder.contains_key(&self.next_expected())
     }
 
     /// Decrypts and decodes in-order records while the inbound queue has room (§5.7).
     fn deliver(&mut self, _now: Instant) -> Result<bool, ResetReason> {
         let mut progressed = false;
         while self.queue_has_room() {
-            let Some(ciphertext) = self.reorder.remove(&(self.delivered + 1)) else {
+            let Some(ciphertext) = self.reorder.remove(&self.next_expected()) else {
                 break;
             };
             debug_assert_eq!(self.cipher.receiving_nonce(), u64::from(self.delivered));
@@ -541,7 +667,7 @@ impl ReliableStream {
             return Ok(None);
         };
         self.inbound_bytes -= message.len();
-        if self.deliver(now)? {
+        if self.deliver(now)? && !self.is_codex() {
             self.schedule_ack(now);
         }
         Ok(Some(message))
@@ -604,10 +730,14 @@ impl ReliableStream {
     }
 
     /// A physical connection is up again: the executor announces, the harness requests.
+    /// (A codex stream never sees this: a disconnect ends it.)
     pub fn on_connected(&mut self, now: Instant) {
         self.connected = true;
         // The stall clock does not run while disconnected.
         self.last_received = now;
+        if self.is_codex() {
+            return;
+        }
         match self.role {
             Role::Executor => self.resume_to_send += 1,
             Role::Harness => self.start_resume_request(now),
@@ -623,6 +753,9 @@ impl ReliableStream {
 
     /// The next instant at which [`ReliableStream::on_timer`] has work to do.
     pub fn next_deadline(&self) -> Option<Instant> {
+        if self.is_codex() {
+            return None;
+        }
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
         if let Some(t) = self.ack_deadline {
@@ -646,6 +779,9 @@ impl ReliableStream {
     /// Runs the timers that are due: retransmission, delayed and keep-alive acks, Resume
     /// retries and the stall limit.
     pub fn on_timer(&mut self, now: Instant) -> Result<(), ResetReason> {
+        if self.is_codex() {
+            return Ok(());
+        }
         if let Some(first) = self.unacked.values().map(|r| r.last_sent).min() {
             if self.connected
                 && now.saturating_duration_since(self.last_received) >= self.timing.stall_limit
@@ -703,9 +839,13 @@ impl ReliableStream {
             }
         }
         let mut new = Vec::new();
-        self.make_records(now, &mut new)?;
+        let mut fresh = Vec::new();
+        self.make_records(now, &mut new, &mut fresh)?;
         for seq in new {
             let payload = self.unacked[&seq].ciphertext.clone();
+            frames.push(self.make_frame(proto::data_body(seq, payload)));
+        }
+        for (seq, payload) in fresh {
             frames.push(self.make_frame(proto::data_body(seq, payload)));
         }
         let ack_due = self.ack_now || self.ack_deadline.is_some_and(|t| now >= t);

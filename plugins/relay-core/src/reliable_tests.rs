@@ -25,15 +25,25 @@ fn transport_pair() -> (Box<dyn RecordCipher>, Box<dyn RecordCipher>) {
 }
 
 fn pair_with(limits: StreamLimits, now: Instant) -> (ReliableStream, ReliableStream) {
+    semantics_pair(Semantics::Reliable, limits, now)
+}
+
+fn semantics_pair(
+    semantics: Semantics,
+    limits: StreamLimits,
+    now: Instant,
+) -> (ReliableStream, ReliableStream) {
     let (h, e) = transport_pair();
+    let timing = Timing::default();
     (
-        ReliableStream::new("s".into(), Role::Harness, h, limits, Timing::default(), now),
+        ReliableStream::new("s".into(), Role::Harness, semantics, h, limits, timing, now),
         ReliableStream::new(
             "s".into(),
             Role::Executor,
+            semantics,
             e,
             limits,
-            Timing::default(),
+            timing,
             now,
         ),
     )
@@ -677,4 +687,133 @@ fn lossy_network_delivers_byte_for_byte() {
 #[test]
 fn resume_after_a_disconnect_delivers_everything() {
     lossy_exchange(99, Some(50));
+}
+
+// ---- codex semantics (CODEX-0169 §4.5) ------------------------------------------------
+
+fn codex_pair(now: Instant) -> (ReliableStream, ReliableStream) {
+    semantics_pair(Semantics::Codex, StreamLimits::default(), now)
+}
+
+#[test]
+fn negotiation_needs_both_announcements() {
+    use crate::proto::StreamFeatures;
+    let both = StreamFeatures::RELIABLE.intersect(StreamFeatures::RELIABLE);
+    assert_eq!(Semantics::negotiated(both), Semantics::Reliable);
+    for one_side in [
+        StreamFeatures::RELIABLE.intersect(StreamFeatures::NONE),
+        StreamFeatures::NONE.intersect(StreamFeatures::RELIABLE),
+    ] {
+        assert_eq!(Semantics::negotiated(one_side), Semantics::Codex);
+    }
+    // Unknown bits from a peer are ignored.
+    let handshake = proto::RelayHandshake {
+        payload: Bytes::from_static(b"x"),
+        stream_features: Some(0xFFFF_FFFE),
+    };
+    assert_eq!(StreamFeatures::announced(&handshake), StreamFeatures::NONE);
+}
+
+/// Codex frames: seq from 0 up by one, ack fields always 0, no Ack, Resume or Heartbeat
+/// frames, nothing kept for retransmission, nothing ever resent on a timer.
+#[test]
+fn codex_sender_numbers_from_zero_and_never_acks_or_resends() {
+    let now = Instant::now();
+    let (mut h, mut e) = codex_pair(now);
+    let frames = records(&mut h, 40, now);
+    assert_eq!(data_seqs(&frames), (0..40).collect::<Vec<_>>());
+    assert!(frames.iter().all(|f| f.ack == 0 && f.ack_bits == 0));
+    for f in &frames {
+        e.handle_frame(f, now).unwrap();
+    }
+    let got = drain(&mut e, now);
+    assert_eq!(got.len(), 40);
+    assert_eq!(got[39].as_ref(), b"{\"n\":39}");
+    // The receiver has nothing to say, now or later.
+    assert!(e.poll_transmit(now).unwrap().is_empty());
+    assert_eq!(e.next_deadline(), None);
+    let later = now + Duration::from_secs(120);
+    e.on_timer(later).unwrap();
+    h.on_timer(later).unwrap();
+    assert!(e.poll_transmit(later).unwrap().is_empty());
+    assert!(h.poll_transmit(later).unwrap().is_empty());
+    assert!(h.is_flushed());
+    assert_eq!(h.stats().retransmissions, 0);
+}
+
+/// Duplicates are dropped, reordering within the window is repaired, and a message cut
+/// across records comes out whole, once.
+#[test]
+fn codex_receiver_drops_duplicates_and_reorders() {
+    let now = Instant::now();
+    let (mut h, mut e) = codex_pair(now);
+    let big = vec![b'x'; 3 * 61_440];
+    h.send_message(&big).unwrap();
+    let mut frames = h.poll_transmit(now).unwrap();
+    frames.extend(records(&mut h, 3, now));
+    assert_eq!(data_seqs(&frames), (0..7).collect::<Vec<_>>());
+    let order = [1usize, 0, 0, 3, 2, 1, 6, 5, 4, 6];
+    for i in order {
+        e.handle_frame(&frames[i], now).unwrap();
+    }
+    let got = drain(&mut e, now);
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[0].len(), big.len());
+    assert_eq!(got[3].as_ref(), b"{\"n\":2}");
+    assert!(e.stats().duplicates_received >= 3);
+    assert!(e.poll_transmit(now).unwrap().is_empty(), "no Ack frames");
+}
+
+/// Ack, Resume and Heartbeat frames from a peer change nothing; a record beyond the
+/// 64-record window or a tampered one is a protocol error, reported to codex with the one
+/// reason it knows.
+#[test]
+fn codex_receiver_limits() {
+    let now = Instant::now();
+    let (mut h, mut e) = codex_pair(now);
+    let frames = records(&mut h, 66, now);
+    for body in [
+        proto::ack_body(),
+        proto::resume_body(0),
+        proto::resume_body(9),
+    ] {
+        e.handle_frame(&proto::frame("s", 7, 3, body), now).unwrap();
+    }
+    assert!(e.poll_transmit(now).unwrap().is_empty());
+    assert_eq!(
+        e.handle_frame(&frames[64], now),
+        Err(ResetReason::SequenceError)
+    );
+    let (mut h, mut e) = codex_pair(now);
+    let mut frames = records(&mut h, 1, now);
+    if let Some(Body::Data(d)) = &mut frames[0].body {
+        let mut bytes = d.payload.to_vec();
+        bytes[3] ^= 0x40;
+        d.payload = Bytes::from(bytes);
+    }
+    assert_eq!(
+        e.handle_frame(&frames[0], now),
+        Err(ResetReason::DecryptFailed)
+    );
+    assert_eq!(
+        Semantics::Codex.fault_reason(ResetReason::DecryptFailed),
+        ResetReason::NoiseRelayProtocolError
+    );
+    assert_eq!(
+        Semantics::Reliable.fault_reason(ResetReason::DecryptFailed),
+        ResetReason::DecryptFailed
+    );
+    assert_eq!(
+        Semantics::Codex.fault_reason(ResetReason::StreamClosed),
+        ResetReason::StreamClosed
+    );
+}
+
+/// A reliable stream still refuses seq 0, which is only codex's first record.
+#[test]
+fn reliable_receiver_refuses_seq_zero() {
+    let now = Instant::now();
+    let (_h, mut e) = pair(now);
+    let frame = proto::frame("s", 0, 0, proto::data_body(0, Bytes::from(vec![0u8; 17])));
+    assert_eq!(e.handle_frame(&frame, now), Err(ResetReason::SequenceError));
 }

@@ -40,7 +40,12 @@ pub struct RelayConfig {
     #[serde(alias = "executor_id")]
     pub environment_id: Option<String>,
     pub name: Option<String>,
+    /// The suite the executor registers with: `noise_hybrid_ik_v1` (codex's, the default)
+    /// or `noise_ik_v1`.
+    pub security_profile: String,
     pub token_env: String,
+    /// Read the bearer token from the first line of stdin (`--registration-bearer-stdin`).
+    pub token_stdin: bool,
     pub token_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
     pub allow_insecure: bool,
@@ -67,7 +72,11 @@ impl Default for RelayConfig {
             url: None,
             environment_id: None,
             name: None,
+            security_profile: exec_server_relay_core::noise::DEFAULT_SUITE
+                .security_profile()
+                .to_owned(),
             token_env: DEFAULT_TOKEN_ENV.to_owned(),
+            token_stdin: false,
             token_file: None,
             ca_file: None,
             allow_insecure: false,
@@ -99,6 +108,34 @@ pub enum TokenError {
     EmptyFile(PathBuf),
     #[error("remote mode needs a bearer token: set {0} (or relay.token_file)")]
     Missing(String),
+    /// codex's own text for the same mistake (CODEX-0169 §4.8).
+    #[error("expected a newline-terminated registration bearer of at most 16 KiB on stdin")]
+    Stdin,
+    #[error("cannot read the registration bearer from stdin: {0}")]
+    StdinRead(String),
+}
+
+/// Longest bearer `--registration-bearer-stdin` reads, as codex (CODEX-0169 §4.8).
+pub const MAX_STDIN_BEARER: usize = 16 * 1024;
+
+/// Reads one newline-terminated bearer of at most [`MAX_STDIN_BEARER`] bytes from `input`.
+/// Nothing past the newline is read; the buffer is wiped.
+pub fn read_bearer_line(input: &mut impl std::io::BufRead) -> Result<SecretString, TokenError> {
+    use std::io::{BufRead as _, Read as _};
+    let mut line = zeroize::Zeroizing::new(Vec::with_capacity(256));
+    input
+        .take(MAX_STDIN_BEARER as u64 + 2)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| TokenError::StdinRead(e.to_string()))?;
+    if line.last() != Some(&b'\n') {
+        return Err(TokenError::Stdin);
+    }
+    let text = std::str::from_utf8(&line).map_err(|_| TokenError::Stdin)?;
+    let token = text.trim();
+    if token.is_empty() || token.len() > MAX_STDIN_BEARER {
+        return Err(TokenError::Stdin);
+    }
+    Ok(SecretString::new(token))
 }
 
 /// `[remote]`: the reference's older table, accepted as an alias of `[relay]`.
@@ -210,6 +247,26 @@ impl RelayConfig {
             exec_server_relay_core::endpoint::BaseUrl::parse(url, relay.allow_insecure)
                 .map_err(|problem| source.invalid("relay.url", problem.to_string()))?;
         }
+        if exec_server_relay_core::noise::suite_by_profile(&relay.security_profile).is_none() {
+            return Err(source.invalid(
+                "relay.security_profile",
+                format!(
+                    "must be one of {}, got `{}`",
+                    exec_server_relay_core::noise::SUITES
+                        .iter()
+                        .map(|s| format!("`{}`", s.security_profile()))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    relay.security_profile
+                ),
+            ));
+        }
+        if relay.token_stdin && relay.token_file.is_some() {
+            return Err(source.invalid(
+                "relay.token_stdin",
+                "and relay.token_file are mutually exclusive",
+            ));
+        }
         if let Some(path) = &relay.token_file {
             check_secret_file_mode(path)
                 .map_err(|e| source.invalid("relay.token_file", e.describe(path)))?;
@@ -222,10 +279,14 @@ impl RelayConfig {
         self.url.is_some() && self.environment_id.is_some()
     }
 
-    /// The bearer token, from `token_file` (owner-only), the variable `token_env`, then
-    /// the legacy variable (§9.1). The variables were taken out of the environment at
+    /// The bearer token: the first line of stdin with `token_stdin` (read once, at
+    /// start-up), else from `token_file` (owner-only), the variable `token_env`, then the
+    /// legacy variable (§9.1). The variables were taken out of the environment at
     /// start-up ([`secret_env`]); their captured values are used.
     pub fn bearer_token(&self) -> Result<SecretString, TokenError> {
+        if self.token_stdin {
+            return read_bearer_line(&mut std::io::stdin().lock());
+        }
         if let Some(path) = &self.token_file {
             let token = read_token_file(path).map_err(|e| TokenError::File(e.describe(path)))?;
             if token.is_empty() {
@@ -242,5 +303,26 @@ impl RelayConfig {
             }
         }
         Err(TokenError::Missing(self.token_env.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdin_bearer_is_one_bounded_newline_terminated_line() {
+        let read = |bytes: &[u8]| read_bearer_line(&mut std::io::Cursor::new(bytes.to_vec()));
+        assert_eq!(read(b"tok\nrest").unwrap().expose(), "tok");
+        assert_eq!(read(b"  tok \r\n").unwrap().expose(), "tok");
+        assert!(matches!(read(b"tok"), Err(TokenError::Stdin)));
+        assert!(matches!(read(b"\n"), Err(TokenError::Stdin)));
+        assert!(matches!(read(b""), Err(TokenError::Stdin)));
+        let mut long = vec![b'a'; MAX_STDIN_BEARER];
+        long.push(b'\n');
+        assert!(read(&long).is_ok());
+        let mut longer = vec![b'a'; MAX_STDIN_BEARER + 1];
+        longer.push(b'\n');
+        assert!(matches!(read(&longer), Err(TokenError::Stdin)));
     }
 }

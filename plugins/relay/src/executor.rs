@@ -22,11 +22,14 @@ use exec_server_relay_core::driver::{
 use exec_server_relay_core::endpoint::BaseUrl;
 use exec_server_relay_core::link::{self, Incoming, LinkTiming, OpenError};
 use exec_server_relay_core::noise::{
-    NoiseHandshake, NoiseIdentity, NoisePublicKey, RecordCipher, MAX_AUTHORIZATION_BYTES,
+    suite_by_profile, NoiseHandshake, NoiseIdentity, NoisePublicKey, RecordCipher, DEFAULT_SUITE,
+    MAX_AUTHORIZATION_BYTES,
 };
-use exec_server_relay_core::proto::{self, Body, RelayMessageFrame, ResetReason};
+use exec_server_relay_core::proto::{
+    self, Body, RelayHandshake, RelayMessageFrame, ResetReason, StreamFeatures,
+};
 use exec_server_relay_core::registry::{RegistryClient, RegistryError};
-use exec_server_relay_core::reliable::{ReliableStream, Role, StreamLimits, Timing};
+use exec_server_relay_core::reliable::{ReliableStream, Role, Semantics, StreamLimits, Timing};
 
 use crate::config::RelayConfig;
 
@@ -101,6 +104,10 @@ enum Slot {
     Established {
         digest: [u8; 32],
         msg2: Bytes,
+        /// What msg2 announced, sent again with a cached msg2.
+        features: StreamFeatures,
+        /// Codex streams resend nothing: their frames are never dropped on a full inbox.
+        lossless: bool,
         data_seen: Arc<AtomicBool>,
         inbox: mpsc::Sender<StreamEvent>,
     },
@@ -180,10 +187,14 @@ impl Executor {
             ping_interval: Duration::from_millis(config.ping_interval_ms),
             pong_timeout: Duration::from_millis(config.pong_timeout_ms),
         };
+        // One identity per process, reused across registrations, of the configured suite.
+        let identity = NoiseIdentity::generate_for(
+            suite_by_profile(&config.security_profile).unwrap_or(DEFAULT_SUITE),
+        );
         Arc::new(Self {
             environment_id: config.environment_id.clone().unwrap_or_default(),
             config,
-            identity: NoiseIdentity::generate(),
+            identity,
             registry,
             server,
             timing,
@@ -392,7 +403,14 @@ impl Executor {
                     break;
                 }
             };
-            if let Some(fault_stream) = self.handle_bytes(&bytes) {
+            let mut blocked = None;
+            let fault = self.handle_bytes(&bytes, &mut blocked);
+            if let Some((inbox, event)) = blocked {
+                // A codex stream's full inbox holds up this socket instead of losing the
+                // frame: nothing would resend it.
+                let _ = inbox.send(event).await;
+            }
+            if let Some(fault_stream) = fault {
                 let now = Instant::now();
                 invalid.push_back(now);
                 while invalid
@@ -489,7 +507,13 @@ impl Executor {
 
     /// Dispatches one binary message. Returns `Some` for an invalid frame (rows 3–8 of
     /// §2.5), with the stream to reset when one is named.
-    fn handle_bytes(self: &Arc<Self>, bytes: &[u8]) -> Option<Option<(String, ResetReason)>> {
+    /// A frame for a lossless stream whose inbox is full is handed back in `blocked`, for
+    /// the caller to send with waiting.
+    fn handle_bytes(
+        self: &Arc<Self>,
+        bytes: &[u8],
+        blocked: &mut Option<BlockedFrame>,
+    ) -> Option<Option<(String, ResetReason)>> {
         let Ok(frame) = proto::decode(bytes) else {
             return Some(None);
         };
@@ -507,7 +531,7 @@ impl Executor {
         }
         let sid = frame.stream_id.clone();
         match &frame.body {
-            Some(Body::Handshake(h)) => self.on_handshake(&sid, h.payload.clone()),
+            Some(Body::Handshake(h)) => self.on_handshake(&sid, h),
             Some(Body::Reset(_)) => {
                 let mut state = self.lock();
                 match state.streams.remove(&sid) {
@@ -521,23 +545,31 @@ impl Executor {
                     None => {}
                 }
             }
-            _ => self.on_stream_frame(sid, frame),
+            _ => *blocked = self.on_stream_frame(sid, frame),
         }
         None
     }
 
-    fn on_stream_frame(&self, sid: String, frame: RelayMessageFrame) {
+    fn on_stream_frame(&self, sid: String, frame: RelayMessageFrame) -> Option<BlockedFrame> {
         let is_data = matches!(frame.body, Some(Body::Data(_)));
         let is_resume = matches!(&frame.body, Some(Body::Resume(r)) if r.next_seq >= 1);
         let mut state = self.lock();
         match state.streams.get(&sid) {
             Some(Slot::Established {
-                inbox, data_seen, ..
+                inbox,
+                data_seen,
+                lossless,
+                ..
             }) => {
                 if is_data {
                     data_seen.store(true, Ordering::SeqCst);
                 }
-                if inbox.try_send(StreamEvent::Frame(frame)).is_err() {
+                if let Err(mpsc::error::TrySendError::Full(event)) =
+                    inbox.try_send(StreamEvent::Frame(frame))
+                {
+                    if *lossless {
+                        return Some((inbox.clone(), event));
+                    }
                     tracing::debug!("stream inbox full; frame dropped");
                 }
             }
@@ -571,6 +603,7 @@ impl Executor {
                 }
             }
         }
+        None
     }
 
     fn reject_handshake(&self, sid: &str, reason: ResetReason, counts: bool) {
@@ -583,7 +616,9 @@ impl Executor {
     }
 
     /// Handshake admission, rows 1–10 of §3.5.
-    fn on_handshake(self: &Arc<Self>, sid: &str, msg1: Bytes) {
+    fn on_handshake(self: &Arc<Self>, sid: &str, handshake: &RelayHandshake) {
+        let msg1 = handshake.payload.clone();
+        let offered = StreamFeatures::announced(handshake);
         let digest = sha256(&msg1);
         let mut state = self.lock();
         match state.streams.get(sid) {
@@ -591,11 +626,17 @@ impl Executor {
             Some(Slot::Established {
                 digest: d,
                 msg2,
+                features,
                 data_seen,
                 ..
             }) if *d == digest => {
                 if !data_seen.load(Ordering::SeqCst) {
-                    let frame = proto::frame(sid, 0, 0, proto::handshake_body(msg2.clone()));
+                    let frame = proto::frame(
+                        sid,
+                        0,
+                        0,
+                        proto::handshake_body_with(msg2.clone(), *features),
+                    );
                     let uplink = self.uplink.clone();
                     tokio::spawn(async move { uplink.send(&frame).await });
                 }
@@ -694,12 +735,13 @@ impl Executor {
                 &registration_id,
                 &harness_key,
                 &authorization,
+                &sid,
             );
             let outcome = tokio::select! {
                 _ = cancel.cancelled() => return,
                 r = tokio::time::timeout(timeout, call) => r.unwrap_or(Err(RegistryError::Timeout)),
             };
-            executor.finish_validation(sid, digest, responder, outcome);
+            executor.finish_validation(sid, digest, offered, responder, outcome);
         });
     }
 
@@ -707,6 +749,7 @@ impl Executor {
         self: &Arc<Self>,
         sid: String,
         digest: [u8; 32],
+        offered: StreamFeatures,
         mut responder: Box<dyn NoiseHandshake>,
         outcome: Result<bool, RegistryError>,
     ) {
@@ -766,6 +809,14 @@ impl Executor {
             }
         };
         let msg2 = Bytes::from(msg2);
+        // Our ends offer reliable streams; a codex harness offers nothing and gets codex
+        // semantics (CODEX-0169 §4.5). msg2 accepts what the stream will use.
+        let semantics =
+            Semantics::for_stream(self.identity.suite(), StreamFeatures::RELIABLE, offered);
+        let features = match semantics {
+            Semantics::Reliable => StreamFeatures::RELIABLE,
+            Semantics::Codex => StreamFeatures::NONE,
+        };
         let (inbox_tx, inbox_rx) = mpsc::channel(STREAM_INBOX);
         let data_seen = Arc::new(AtomicBool::new(false));
         state.streams.insert(
@@ -773,6 +824,8 @@ impl Executor {
             Slot::Established {
                 digest,
                 msg2: msg2.clone(),
+                features,
+                lossless: semantics == Semantics::Codex,
                 data_seen,
                 inbox: inbox_tx,
             },
@@ -783,9 +836,17 @@ impl Executor {
         let executor = Arc::clone(self);
         tokio::spawn(async move {
             uplink
-                .send(&proto::frame(&sid, 0, 0, proto::handshake_body(msg2)))
+                .send(&proto::frame(
+                    &sid,
+                    0,
+                    0,
+                    proto::handshake_body_with(msg2, features),
+                ))
                 .await;
-            executor.run_stream(sid, digest, transport, inbox_rx).await;
+            tracing::debug!(stream = %sid, ?semantics, "relay stream established");
+            executor
+                .run_stream(sid, digest, semantics, transport, inbox_rx)
+                .await;
         });
     }
 
@@ -793,12 +854,14 @@ impl Executor {
         self: Arc<Self>,
         sid: String,
         digest: [u8; 32],
+        semantics: Semantics,
         transport: Box<dyn RecordCipher>,
         inbox: mpsc::Receiver<StreamEvent>,
     ) {
         let machine = ReliableStream::new(
             sid.clone(),
             Role::Executor,
+            semantics,
             transport,
             self.limits(),
             self.timing,
@@ -858,6 +921,9 @@ impl Executor {
     }
 }
 
+/// A frame for a stream whose inbox was full, to be sent with waiting.
+type BlockedFrame = (mpsc::Sender<StreamEvent>, StreamEvent);
+
 fn sha256(bytes: &[u8]) -> [u8; 32] {
     ring::digest::digest(&ring::digest::SHA256, bytes)
         .as_ref()
@@ -865,7 +931,10 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
         .expect("32 bytes")
 }
 
-/// Reconnect backoff of §7.6: initial, doubling, capped; `Retry-After` honoured up to the cap.
+/// Reconnect backoff of §7.6: a bound that starts at `initial`, doubles and is capped at
+/// `max`; each delay is drawn uniformly from the upper half of the bound, as codex does
+/// (CODEX-0169 §4.3), so executors cut off together do not come back together.
+/// `Retry-After` is honoured up to the cap.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     initial: Duration,
@@ -883,7 +952,8 @@ impl Backoff {
     }
 
     pub fn next(&mut self, retry_after: Option<Duration>) -> Duration {
-        let mut delay = self.next;
+        let bound = self.next;
+        let mut delay = bound.mul_f64(0.5 + 0.5 * unit_random());
         if let Some(ra) = retry_after {
             delay = delay.max(ra.min(self.max));
         }
@@ -896,17 +966,42 @@ impl Backoff {
     }
 }
 
+/// A uniform random number in [0, 1).
+fn unit_random() -> f64 {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 8];
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        return 1.0;
+    }
+    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_the_cap() {
+    fn backoff_doubles_to_the_cap_with_jitter_in_the_upper_half() {
+        let mut delays = Vec::new();
+        for _ in 0..50 {
+            let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+            for bound in [1u64, 2, 4, 8, 16, 30, 30, 30] {
+                let delay = b.next(None);
+                let bound = Duration::from_secs(bound);
+                assert!(
+                    delay >= bound / 2 && delay <= bound,
+                    "{delay:?} for {bound:?}"
+                );
+                delays.push(delay);
+            }
+            b.reset();
+            assert!(b.next(None) <= Duration::from_secs(1));
+        }
+        delays.sort();
+        delays.dedup();
+        assert!(delays.len() > 8, "the delays are not all the same");
         let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        let secs: Vec<u64> = (0..8).map(|_| b.next(None).as_secs()).collect();
-        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30, 30]);
-        b.reset();
-        assert_eq!(b.next(Some(Duration::from_secs(5))).as_secs(), 5);
-        assert_eq!(b.next(Some(Duration::from_secs(100))).as_secs(), 30);
+        assert!(b.next(Some(Duration::from_secs(5))) >= Duration::from_secs(5));
+        assert!(b.next(Some(Duration::from_secs(100))) <= Duration::from_secs(30));
     }
 }

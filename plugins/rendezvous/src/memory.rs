@@ -272,10 +272,15 @@ impl MemoryStore {
                     Err(RegisterRefusal::Busy)
                 };
             }
+            // A restarted executor (a new key, the same tenant) takes over at once when no
+            // executor socket is open: its predecessor is gone, and waiting out the grace
+            // would only lock the environment. Another tenant's executor, or any executor
+            // while one is attached, waits as a standby until the registration ends.
+            let restart = current.slot.tenant() == tenant && !env.attached;
             let live = env.executor_within_grace(self.grace, now)
                 || (!env.ever_attached
                     && now.saturating_duration_since(current.created) < self.grace);
-            if live {
+            if live && !restart {
                 return Err(RegisterRefusal::Busy);
             }
         }

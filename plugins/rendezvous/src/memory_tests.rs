@@ -522,3 +522,33 @@ async fn another_tenant_cannot_re_register_a_key_it_does_not_own() {
     assert_eq!(register(&store, "env", key(1), 0).unwrap(), reg);
     assert_books(&store);
 }
+
+/// A restarted executor (same tenant, new key) takes over at once once the old socket is
+/// gone; while a socket is open it waits, and another tenant waits out the grace.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_executor_takes_over_without_waiting_for_the_grace() {
+    let store = store_with(|c| c.tokens.push(token("other", None)));
+    let (reg, epoch) = attached(&store, "env", 1);
+    let busy = |n: u8, token: usize| {
+        matches!(
+            store.register_now(
+                "env",
+                key(n),
+                None,
+                tenant(&store, token),
+                now(),
+                &mut Vec::new()
+            ),
+            Err(RegisterRefusal::Busy)
+        )
+    };
+    assert!(busy(2, 0), "a second executor while the first is attached");
+    // The first executor crashed: its socket ended without a close code.
+    let ended = detach(&store, "env", epoch, false);
+    assert!(ended.is_empty());
+    assert!(busy(3, 1), "another tenant waits out the grace");
+    let new = register(&store, "env", key(2), 0).expect("the restart takes over");
+    assert_ne!(new, reg);
+    assert_eq!(current(&store, "env").as_deref(), Some(new.as_str()));
+    assert_books(&store);
+}

@@ -25,8 +25,9 @@ use url::{Host, Url};
 use exec_server_relay_core::endpoint::{
     check_environment_id, decode_segment, encode_segment, BaseUrl, UrlError,
 };
-use exec_server_relay_core::noise::{NoisePublicKey, SECURITY_PROFILE_V1};
+use exec_server_relay_core::noise::{suite_by_profile, NoisePublicKey, SUITES};
 use exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
+use exec_server_relay_core::registry::STREAM_ID_HEADER;
 
 use crate::config::{RendezvousConfig, TokenRole};
 use crate::hub::Hub;
@@ -297,7 +298,15 @@ fn error_json(code: &str, message: &str) -> Value {
     serde_json::json!({"error": {"code": code, "message": message}})
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response {
+/// A refused registry call: logged with its reason (never a token, key or authorisation)
+/// and answered with the JSON error body that names it.
+fn error(environment: &str, status: StatusCode, code: &str, message: &str) -> Response {
+    tracing::warn!(
+        status = status.as_u16(),
+        reason = code,
+        environment = %exec_server_relay_core::proto::truncate_for_log(environment),
+        "registry request refused: {message}"
+    );
     let mut response = json(status, &error_json(code, message));
     if status == StatusCode::SERVICE_UNAVAILABLE && code == "executor_unavailable" {
         response
@@ -372,6 +381,7 @@ impl Service {
             .map(|(_, t)| t.trim().to_owned());
         let unauthorized = || {
             error(
+                id,
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "a valid bearer token is required",
@@ -385,8 +395,9 @@ impl Service {
         };
         let role_ok = entry.role == TokenRole::Any || entry.role == needs;
         if !role_ok || !environment_matches(&entry.environments, id) {
-            tracing::info!(token = %entry.name, environment = %exec_server_relay_core::proto::truncate_for_log(id), "token not allowed for this call");
+            tracing::info!(token = %entry.name, "token not allowed for this call");
             return Err(error(
+                id,
                 StatusCode::FORBIDDEN,
                 "forbidden",
                 "this token does not allow this call",
@@ -450,6 +461,7 @@ async fn authorized_call(
         .map_err(|l| limited(l, id))?;
     if let Err(problem) = check_environment_id(id) {
         return Err(error(
+            id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("environment id {problem}"),
@@ -460,6 +472,7 @@ async fn authorized_call(
         .map_err(|_| too_large(Some(&caller.name)))?;
     let value = serde_json::from_slice(&bytes).map_err(|e| {
         error(
+            id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("malformed JSON: {e}"),
@@ -468,9 +481,10 @@ async fn authorized_call(
     Ok((value, caller))
 }
 
-fn key_member(body: &Value, name: &str) -> Result<NoisePublicKey, Response> {
+fn key_member(id: &str, body: &Value, name: &str) -> Result<NoisePublicKey, Response> {
     let value = body.get(name).ok_or_else(|| {
         error(
+            id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("missing `{name}`"),
@@ -478,6 +492,7 @@ fn key_member(body: &Value, name: &str) -> Result<NoisePublicKey, Response> {
     })?;
     NoisePublicKey::from_json(value).map_err(|e| {
         error(
+            id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("`{name}`: {e}"),
@@ -497,30 +512,61 @@ async fn register(
             Ok(call) => call,
             Err(r) => return r,
         };
-    match body.get("security_profile").and_then(Value::as_str) {
-        Some(SECURITY_PROFILE_V1) => {}
+    // codex registers `noise_hybrid_ik_v1` with a hybrid key; our executors may also
+    // register the classic `noise_ik_v1`. The key must be of the profile's suite.
+    let profile = match body.get("security_profile") {
+        Some(Value::String(profile)) => profile.as_str(),
         Some(_) => {
             return error(
+                &id,
                 StatusCode::BAD_REQUEST,
-                "unsupported_security_profile",
-                "security_profile must be noise_ik_v1",
+                "invalid_request",
+                "`security_profile` is not a string",
             )
         }
         None => {
             return error(
+                &id,
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "missing `security_profile`",
             )
         }
-    }
-    let key = match key_member(&body, "executor_public_key") {
+    };
+    let Some(suite) = suite_by_profile(profile) else {
+        let known: Vec<&str> = SUITES.iter().map(|s| s.security_profile()).collect();
+        return error(
+            &id,
+            StatusCode::BAD_REQUEST,
+            "unsupported_security_profile",
+            &format!(
+                "security_profile `{}` is not supported; this rendezvous accepts {}",
+                exec_server_relay_core::proto::truncate_for_log(profile),
+                known.join(", ")
+            ),
+        );
+    };
+    let key = match key_member(&id, &body, "executor_public_key") {
         Ok(k) => k,
         Err(r) => return r,
     };
+    if key.suite_name() != suite.name() {
+        return error(
+            &id,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!(
+                "`executor_public_key` is a `{}` key, but security_profile `{}` needs a `{}` key",
+                key.suite_name(),
+                suite.security_profile(),
+                suite.name()
+            ),
+        );
+    }
     let name = body.get("name").and_then(Value::as_str).map(str::to_owned);
     if name.as_ref().is_some_and(|n| n.len() > 256) {
         return error(
+            &id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             "`name` is longer than 256 bytes",
@@ -530,6 +576,7 @@ async fn register(
         Ok(reg) => reg,
         Err(RegisterRefusal::Busy) => {
             return error(
+                &id,
                 StatusCode::CONFLICT,
                 "environment_busy",
                 "another executor is serving this environment",
@@ -544,7 +591,7 @@ async fn register(
         &serde_json::json!({
             "environment_id": id,
             "url": service.executor_url(&id, &reg),
-            "security_profile": SECURITY_PROFILE_V1,
+            "security_profile": suite.security_profile(),
             "executor_registration_id": reg,
         }),
     )
@@ -562,7 +609,7 @@ async fn connect(
             Ok(call) => call,
             Err(r) => return r,
         };
-    let harness_key = match key_member(&body, "harness_public_key") {
+    let harness_key = match key_member(&id, &body, "harness_public_key") {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -570,6 +617,7 @@ async fn connect(
         Connectable::Yes { reg, key } => (reg, key),
         Connectable::NotFound => {
             return error(
+                &id,
                 StatusCode::NOT_FOUND,
                 "environment_not_found",
                 "no executor has registered this environment",
@@ -577,6 +625,7 @@ async fn connect(
         }
         Connectable::Unavailable => {
             return error(
+                &id,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "executor_unavailable",
                 "no executor is attached to this environment",
@@ -596,7 +645,7 @@ async fn connect(
         &serde_json::json!({
             "environment_id": id,
             "url": service.harness_url(&id, &reg, &kh),
-            "security_profile": SECURITY_PROFILE_V1,
+            "security_profile": executor_key.suite().security_profile(),
             "executor_registration_id": reg,
             "executor_public_key": executor_key.to_json(),
             "harness_key_authorization": authz,
@@ -616,12 +665,13 @@ async fn validate(
             Ok(call) => call,
             Err(r) => return r,
         };
-    let harness_key = match key_member(&body, "harness_public_key") {
+    let harness_key = match key_member(&id, &body, "harness_public_key") {
         Ok(k) => k,
         Err(r) => return r,
     };
     let Some(reg) = body.get("executor_registration_id").and_then(Value::as_str) else {
         return error(
+            &id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             "missing `executor_registration_id`",
@@ -632,6 +682,7 @@ async fn validate(
         .and_then(Value::as_str)
     else {
         return error(
+            &id,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             "missing `harness_key_authorization`",
@@ -639,23 +690,49 @@ async fn validate(
     };
     let Some(current) = service.hub.current_registration(&id).await else {
         return error(
+            &id,
             StatusCode::NOT_FOUND,
             "environment_not_found",
             "no registration for this environment",
         );
     };
-    let valid = reg == current
-        && service
-            .key
-            .verify_authorization(authz)
-            .is_some_and(|claims| {
-                claims.v == 1
-                    && claims.env == id
-                    && claims.reg == reg
-                    && claims.kh == key_hash(&harness_key)
-                    && claims.exp >= now_unix()
-            });
-    json(StatusCode::OK, &serde_json::json!({ "valid": valid }))
+    // The stream the executor validates for (codex sends it; older executors do not).
+    let stream = headers
+        .get(STREAM_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| exec_server_relay_core::proto::truncate_for_log(s).to_owned())
+        .unwrap_or_else(|| "-".to_owned());
+    let refusal = if reg != current {
+        Some("the registration id is not the environment's current one")
+    } else {
+        match service.key.verify_authorization(authz) {
+            None => Some("the authorization is not one this rendezvous issued"),
+            Some(claims) if claims.v != 1 || claims.env != id || claims.reg != reg => {
+                Some("the authorization is for another environment or registration")
+            }
+            Some(claims) if claims.kh != key_hash(&harness_key) => {
+                Some("the authorization was issued for another harness key")
+            }
+            Some(claims) if claims.exp < now_unix() => Some("the authorization has expired"),
+            Some(_) => None,
+        }
+    };
+    match refusal {
+        Some(reason) => tracing::warn!(
+            environment = %exec_server_relay_core::proto::truncate_for_log(&id),
+            stream = %stream,
+            "validate answered valid=false: {reason}"
+        ),
+        None => tracing::debug!(
+            environment = %exec_server_relay_core::proto::truncate_for_log(&id),
+            stream = %stream,
+            "validate answered valid=true"
+        ),
+    }
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "valid": refusal.is_none() }),
+    )
 }
 
 // ---- WebSocket upgrades -------------------------------------------------------------
@@ -700,24 +777,25 @@ async fn upgrade(
         Err(rejection) => return rejection.into_response(),
     };
     if check_environment_id(&id).is_err() {
-        return StatusCode::BAD_REQUEST.into_response();
+        return upgrade_refused(&id, StatusCode::BAD_REQUEST, "malformed_query");
     }
     // 1. Well-formed query.
     let role = match query.role.as_deref() {
         Some("environment") => SocketRole::Executor,
         Some("harness") => SocketRole::Harness,
-        _ => return StatusCode::BAD_REQUEST.into_response(),
+        Some(_) => return upgrade_refused(&id, StatusCode::BAD_REQUEST, "invalid_role"),
+        None => return upgrade_refused(&id, StatusCode::BAD_REQUEST, "missing_role"),
     };
     let (Some(reg), Some(exp)) = (
         query.reg.clone(),
         query.exp.as_deref().and_then(|e| e.parse::<u64>().ok()),
     ) else {
-        return StatusCode::BAD_REQUEST.into_response();
+        return upgrade_refused(&id, StatusCode::BAD_REQUEST, "malformed_query");
     };
     let kh = match role {
         SocketRole::Harness => match query.kh.clone() {
             Some(kh) if !kh.is_empty() => kh,
-            _ => return StatusCode::BAD_REQUEST.into_response(),
+            _ => return upgrade_refused(&id, StatusCode::BAD_REQUEST, "malformed_query"),
         },
         SocketRole::Executor => String::new(),
     };
@@ -731,7 +809,12 @@ async fn upgrade(
         .as_deref()
         .is_some_and(|sig| service.key.verify_url(role_text, &id, &reg, &kh, exp, sig));
     if !signed {
-        return StatusCode::UNAUTHORIZED.into_response();
+        let reason = if query.sig.is_none() {
+            "missing_signature"
+        } else {
+            "invalid_signature"
+        };
+        return upgrade_refused(&id, StatusCode::UNAUTHORIZED, reason);
     }
     let now = now_unix();
     let ttl = match role {
@@ -739,17 +822,19 @@ async fn upgrade(
         SocketRole::Harness => service.config.harness_url_ttl_secs,
     };
     if exp < now || exp > now + ttl + 60 {
-        return StatusCode::UNAUTHORIZED.into_response();
+        return upgrade_refused(&id, StatusCode::UNAUTHORIZED, "invalid_expiry");
     }
     // 5–7. Registration state; executor presence and capacity for harnesses.
     let admitted = match role {
         SocketRole::Executor => match service.hub.admit_executor(&id, &reg).await {
             Ok(epoch) => Admitted::Executor(epoch),
-            Err(status) => return status.into_response(),
+            Err(status) => return upgrade_refused(&id, status, "unknown_route"),
         },
         SocketRole::Harness => match service.hub.admit_harness(&id, &reg).await {
             Ok((epoch, lease)) => Admitted::Harness(epoch, lease),
-            Err(UpgradeRefusal::Status(status)) => return status.into_response(),
+            Err(UpgradeRefusal::Status(status)) => {
+                return upgrade_refused(&id, status, "unknown_route")
+            }
             Err(UpgradeRefusal::Capacity(refusal)) => return refuse(&refusal, None, &id),
         },
     };
@@ -765,6 +850,24 @@ async fn upgrade(
                 }
             }
         })
+}
+
+/// A refused socket upgrade: logged, and answered with the status and codex's
+/// `x-codex-rendezvous-rejection-reason` header (CODEX-0169 §4.3). A 4xx makes a codex
+/// executor register again at once.
+fn upgrade_refused(environment: &str, status: StatusCode, reason: &'static str) -> Response {
+    tracing::warn!(
+        status = status.as_u16(),
+        reason,
+        environment = %exec_server_relay_core::proto::truncate_for_log(environment),
+        "rendezvous socket upgrade refused"
+    );
+    let mut response = status.into_response();
+    response.headers_mut().insert(
+        "x-codex-rendezvous-rejection-reason",
+        header::HeaderValue::from_static(reason),
+    );
+    response
 }
 
 /// An upgrade the store admitted: the registration it is for and, for a harness, the

@@ -82,4 +82,10 @@ pub struct RelayHeartbeat {
 pub struct RelayHandshake {
     #[prost(bytes = "bytes", tag = "1")]
     pub payload: ::prost::bytes::Bytes,
+    /// exec-server extension, absent from codex's schema (codex ignores it as an
+    /// unknown field): the stream features the sender offers (msg1) or accepts
+    /// (msg2), a bit set. Bit 0: reliable streams (seq from 1, acks,
+    /// retransmission, Resume). Absent or 0: codex 0.169.0 stream semantics.
+    #[prost(uint32, optional, tag = "2")]
+    pub stream_features: ::core::option::Option<u32>,
 }

@@ -1,0 +1,269 @@
+//! The real codex 0.169.0 executor (`codex exec-server --remote … --registration-bearer-stdin`)
+//! registered with our rendezvous, and our harness side — the Rust client's relay
+//! transport and `exec-server run --remote` — running commands, a terminal and file round
+//! trips through it (CODEX-0169 §5.1). Skips (`SKIP:`) only without codex and without
+//! `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use exec_server_client::proto::process::StartParams;
+use exec_server_client::relay::harness::RelayConnectArgs;
+use exec_server_client::relay::proto::{self as frames, Body};
+use exec_server_client::relay::registry::SecretString;
+use exec_server_client::{ClientOptions, ExecServerClient};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::fixtures::*;
+use crate::codex::{codex_bin, CodexHome};
+use crate::util::{server_command, STEP_TIMEOUT};
+
+/// The lines codex logs once it registered and once its rendezvous socket is up.
+const REGISTERED: &str = "Noise executor registration completed";
+const CONNECTED: &str = "Noise executor connected to rendezvous";
+const HANDSHAKE_DONE: &str = "Noise executor handshake completed";
+
+/// A running codex executor and everything it printed on stderr.
+struct CodexExecutor {
+    _child: tokio::process::Child,
+    /// Held open: codex reads its bearer from it, and a closed stdin is no signal here.
+    _stdin: tokio::process::ChildStdin,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl CodexExecutor {
+    async fn start(
+        bin: &std::path::Path,
+        home: &CodexHome,
+        registry: &str,
+        environment: &str,
+    ) -> Self {
+        let mut cmd = home.command(bin);
+        cmd.args([
+            "exec-server",
+            "--remote",
+            registry,
+            "--environment-id",
+            environment,
+            "--registration-bearer-stdin",
+        ])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn codex exec-server");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(format!("{EXECUTOR_TOKEN}\n").as_bytes())
+            .await
+            .unwrap();
+        stdin.flush().await.unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        let executor = Self {
+            _child: child,
+            _stdin: stdin,
+            stderr,
+        };
+        executor.wait_for_log(REGISTERED).await;
+        executor.wait_for_log(CONNECTED).await;
+        executor
+    }
+
+    fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    async fn wait_for_log(&self, line: &str) {
+        let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+        while !self.log().contains(line) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "codex never logged {line:?}; its stderr:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// `cwd` as the executor itself reports it (codex 0.169.0 wants a `file:` URI).
+fn start_params(cwd: &str, argv: &[&str], tty: bool) -> StartParams {
+    StartParams {
+        process_id: ExecServerClient::new_process_id(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        cwd: cwd.to_owned(),
+        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        tty,
+        pipe_stdin: Some(false),
+        arg0: None,
+        env_policy: None,
+        sandbox: None,
+        size: None,
+        network_proxy: None,
+        enforce_managed_network: None,
+    }
+}
+
+/// The frames one side sent up to the rendezvous, decoded.
+fn sent_by(proxy: &Proxy, side: Side) -> Vec<frames::RelayMessageFrame> {
+    proxy
+        .frames
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.side == side && c.up)
+        .filter_map(|c| frames::decode(&c.bytes).ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn codex_executor_serves_our_client_and_run_through_our_rendezvous() {
+    let Some(bin) = codex_bin("codex_executor_serves_our_client_and_run_through_our_rendezvous")
+    else {
+        return;
+    };
+    let home = CodexHome::new();
+    // Every socket passes the capturing proxy; registry calls go to the rendezvous.
+    let (proxy, rdv) = proxied_rendezvous("").await;
+    let codex = CodexExecutor::start(&bin, &home, &rdv.direct, "env-1").await;
+
+    let args = RelayConnectArgs::new(&rdv.direct, "env-1", SecretString::new(HARNESS_TOKEN));
+    let client = ExecServerClient::connect_relay(args, ClientOptions::default())
+        .await
+        .expect("our client connects to the codex executor");
+    codex.wait_for_log(HANDSHAKE_DONE).await;
+    let info = client.environment_info().await.unwrap();
+    let cwd = info.cwd.expect("codex reports its working directory");
+
+    // A command: stdout, stderr and the exit code.
+    let process = client
+        .start_process(start_params(
+            &cwd,
+            &["sh", "-c", "echo out; echo err >&2; exit 7"],
+            false,
+        ))
+        .await
+        .unwrap();
+    let output = process.wait_with_output().await.unwrap();
+    assert_eq!(output.stdout, b"out\n");
+    assert_eq!(output.stderr, b"err\n");
+    assert_eq!(output.exit_code, Some(7));
+
+    // A terminal process sees a terminal.
+    let pty = client
+        .start_process(start_params(
+            &cwd,
+            &["sh", "-c", "[ -t 0 ] && [ -t 1 ] && echo on-a-tty; exit 3"],
+            true,
+        ))
+        .await
+        .unwrap();
+    let output = pty.wait_with_output().await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("on-a-tty"),
+        "{:?}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert_eq!(output.exit_code, Some(3));
+
+    // File round trips, one of them larger than several records in both directions.
+    // Paths travel as `file:` URIs, as codex's own client sends them.
+    let dir = tempfile::tempdir().unwrap();
+    let uri = |path: &std::path::Path| format!("file://{}", path.display());
+    let small = dir.path().join("small.txt");
+    client
+        .write_file(&uri(&small), b"hello codex\n")
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&small).unwrap(), b"hello codex\n");
+    assert_eq!(
+        client.read_file(&uri(&small)).await.unwrap(),
+        b"hello codex\n"
+    );
+    let big: Vec<u8> = (0..200 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let big_path = dir.path().join("big.bin");
+    client.write_file(&uri(&big_path), &big).await.unwrap();
+    assert_eq!(std::fs::read(&big_path).unwrap(), big);
+    assert_eq!(client.read_file(&uri(&big_path)).await.unwrap(), big);
+
+    // `exec-server run --remote` through the same executor: output and exit code.
+    let mut run = server_command(&[
+        "run",
+        "--remote",
+        &rdv.direct,
+        "--environment-id",
+        "env-1",
+        "--",
+        "sh",
+        "-c",
+        "echo via-run; exit 5",
+    ]);
+    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
+        .stdin(Stdio::null());
+    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
+        .await
+        .expect("run finishes")
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "via-run\n");
+    assert_eq!(output.status.code(), Some(5));
+
+    // On the wire: codex's msg2 is 3,424 bytes and its records count from 0 with no ack
+    // fields; our msg1 is 3,568 + P bytes and our records follow codex's numbering too.
+    let from_codex = sent_by(&proxy, Side::Executor);
+    let msg2: Vec<usize> = from_codex
+        .iter()
+        .filter_map(|f| match &f.body {
+            Some(Body::Handshake(h)) => Some(h.payload.len()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !msg2.is_empty() && msg2.iter().all(|n| *n == 3_424),
+        "{msg2:?}"
+    );
+    let stream = from_codex
+        .iter()
+        .find(|f| matches!(f.body, Some(Body::Data(_))))
+        .map(|f| f.stream_id.clone())
+        .expect("codex sent records");
+    let seqs: Vec<u32> = from_codex
+        .iter()
+        .filter(|f| f.stream_id == stream)
+        .filter_map(|f| match &f.body {
+            Some(Body::Data(d)) => Some(d.seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seqs, (0..seqs.len() as u32).collect::<Vec<_>>());
+    assert!(from_codex.iter().all(|f| f.ack == 0 && f.ack_bits == 0));
+    let from_us = sent_by(&proxy, Side::Harness);
+    assert!(from_us
+        .iter()
+        .all(|f| !matches!(f.body, Some(Body::AckFrame(_)) | Some(Body::Resume(_)))));
+    let ours: Vec<u32> = from_us
+        .iter()
+        .filter(|f| f.stream_id == stream)
+        .filter_map(|f| match &f.body {
+            Some(Body::Data(d)) => Some(d.seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ours, (0..ours.len() as u32).collect::<Vec<_>>());
+    assert!(from_us.iter().any(|f| matches!(
+        &f.body,
+        Some(Body::Handshake(h)) if h.payload.len() > 3_568
+    )));
+    drop(client);
+}

@@ -1,0 +1,124 @@
+//! Our executor behind our rendezvous, with the real codex 0.169.0 as the harness
+//! (CODEX-0169 §5.2): `codex exec` reaches the environment through the Noise relay
+//! (`CODEX_EXEC_SERVER_NOISE_*`), and a fake model asks it for one shell command, which must
+//! run on our executor. Skips (`SKIP:`) only without codex and without
+//! `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use exec_server_relay_core::proto::{self, Body};
+
+use super::fixtures::*;
+use crate::codex::fake_model::{FakeModel, FINAL_TEXT};
+use crate::codex::{codex_bin, CodexHome};
+
+/// How long the whole `codex exec` run may take before the test gives up.
+const RUN_DEADLINE: Duration = Duration::from_secs(180);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_exec_runs_a_shell_command_on_our_executor_through_the_relay() {
+    let Some(codex) =
+        codex_bin("codex_exec_runs_a_shell_command_on_our_executor_through_the_relay")
+    else {
+        return;
+    };
+    // Every socket passes the capturing proxy.
+    let (proxy, rdv) = proxied_rendezvous("").await;
+    let _executor = start_executor(&rdv.direct, "env-codex-harness");
+    // Until the executor has registered and attached.
+    harness_bundle(&rdv.direct, "env-codex-harness").await;
+
+    let home = CodexHome::new();
+    let work = tempfile::tempdir().unwrap();
+    let work_dir = std::fs::canonicalize(work.path()).unwrap();
+    let marker = work_dir.join("made-by-codex.txt");
+    let model = FakeModel::start("printf 'written through the relay' > made-by-codex.txt").await;
+    let config = format!(
+        "model = \"gpt-test\"\nmodel_provider = \"fake\"\n\n[model_providers.fake]\nname = \"fake\"\nbase_url = \"{}\"\nwire_api = \"responses\"\nenv_key = \"OPENAI_API_KEY\"\nsupports_websockets = false\n",
+        model.base_url
+    );
+    std::fs::write(home.codex_home().join("config.toml"), config).unwrap();
+    let sandbox = if crate::sandbox::landlock_available() {
+        "workspace-write"
+    } else {
+        "danger-full-access"
+    };
+    let mut cmd = home.command(&codex);
+    cmd.args([
+        "exec",
+        "--skip-git-repo-check",
+        "--color",
+        "never",
+        "--sandbox",
+        sandbox,
+        "write the marker file",
+    ])
+    .current_dir(&work_dir)
+    .env("OPENAI_API_KEY", "sk-test")
+    .env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", &rdv.direct)
+    .env(
+        "CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID",
+        "env-codex-harness",
+    )
+    .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", HARNESS_TOKEN)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let output = tokio::time::timeout(RUN_DEADLINE, cmd.output())
+        .await
+        .expect("codex exec finishes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let context = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(output.status.success(), "codex exec failed\n{context}");
+    assert!(stdout.contains(FINAL_TEXT), "{context}");
+    assert!(
+        !stderr.contains("Noise harness handshake failed"),
+        "{context}"
+    );
+    // The command ran on our executor's host, in the turn's working directory.
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap_or_default(),
+        "written through the relay",
+        "{context}"
+    );
+    assert!(model.requests().len() >= 2, "{context}");
+
+    // It went through the relay: codex's streams carried its requests as codex records
+    // (seq from 0, no acks), our executor answered in kind, and codex reset nothing.
+    let frames: Vec<(Side, proto::RelayMessageFrame)> = proxy
+        .frames
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.up)
+        .filter_map(|c| proto::decode(&c.bytes).ok().map(|f| (c.side, f)))
+        .collect();
+    let seqs = |side: Side| -> Vec<u32> {
+        frames
+            .iter()
+            .filter(|(s, _)| *s == side)
+            .filter_map(|(_, f)| match &f.body {
+                Some(Body::Data(d)) => Some(d.seq),
+                _ => None,
+            })
+            .collect()
+    };
+    let (from_codex, from_us) = (seqs(Side::Harness), seqs(Side::Executor));
+    assert!(
+        from_codex.len() > 5 && from_us.len() > 5,
+        "{from_codex:?} {from_us:?}"
+    );
+    assert!(from_codex.contains(&0) && from_us.contains(&0));
+    assert!(frames
+        .iter()
+        .all(|(_, f)| f.ack == 0 && f.ack_bits == 0 && !matches!(f.body, Some(Body::AckFrame(_)))));
+    assert!(
+        !frames
+            .iter()
+            .any(|(s, f)| *s == Side::Harness && matches!(f.body, Some(Body::Reset(_)))),
+        "codex reset a stream\n{context}"
+    );
+}
