@@ -49,7 +49,7 @@ pub(crate) fn read_file(
 ) -> Result<Vec<u8>, RpcError> {
     let approved = policy.approve(path, follow, AccessKind::Read)?;
     let file = open_approved(&approved, path, follow, OFlags::RDONLY, 0)?;
-    crate::read_file::read_to_limit(crate::read_file::ensure_regular(file, path)?, limit)
+    crate::regular_file::read_to_limit(crate::regular_file::ensure_regular(file, path)?, limit)
 }
 
 /// `fs/writeFile`: in place, like the server (§5.7).
@@ -131,7 +131,7 @@ pub(crate) fn get_metadata(
     } else {
         described.file_type().is_symlink()
     };
-    Ok(crate::metadata::describe(is_symlink, &described))
+    Ok(crate::describe::describe(is_symlink, &described))
 }
 
 /// `fs/canonicalize`: the approved resolution, once it is shown to exist exactly there.

@@ -1,8 +1,7 @@
 //! `fs/copy` (PROTOCOL §5.13): files by content, directories recursively, links as links.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
+use std::fs::{self, OpenOptions};
+use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,9 +16,10 @@ use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
 use crate::config::FsConfig;
+use crate::copy_data::copy_opened;
+use crate::nonblocking;
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute_params, to_wire, FsOperation, FsState};
-use crate::{nonblocking, stream_write};
 
 pub(crate) async fn handle(
     config: Arc<FsState>,
@@ -178,49 +178,6 @@ fn copy_file(source: &Path, destination: &Path, deadline: &Deadline) -> Result<C
     Ok(Copied::Yes)
 }
 
-/// [`copy_file`] between opened files (both opened without waiting on a FIFO; `from` a
-/// regular file). A destination that is a FIFO or device is written as its reader makes
-/// room, until `deadline`; without one (in the fs helper, which its own time-out ends) it
-/// is written like a file.
-pub(crate) fn copy_opened(
-    mut from: File,
-    mut to: File,
-    deadline: Option<&Deadline>,
-) -> Result<(), RpcError> {
-    nonblocking::make_blocking(&from).or_rpc()?;
-    let from_meta = from.metadata().or_rpc()?;
-    let to_meta = to.metadata().or_rpc()?;
-    if (to_meta.dev(), to_meta.ino()) == (from_meta.dev(), from_meta.ino()) {
-        return Ok(());
-    }
-    if let (false, Some(deadline)) = (to_meta.is_file(), deadline) {
-        return copy_into_stream(&mut from, &to, deadline);
-    }
-    nonblocking::make_blocking(&to).or_rpc()?;
-    if to_meta.is_file() {
-        to.set_len(0).or_rpc()?;
-    }
-    io::copy(&mut from, &mut to).or_rpc()?;
-    if to_meta.is_file() {
-        to.set_permissions(from_meta.permissions()).or_rpc()?;
-    }
-    Ok(())
-}
-
-/// Copies `from` into the non-blocking FIFO or device `to` by `deadline`.
-fn copy_into_stream(from: &mut File, to: &File, deadline: &Deadline) -> Result<(), RpcError> {
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buffer) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(RpcError::from_io(&e)),
-        };
-        stream_write::write_all_on_thread(to, &buffer[..n], deadline)?;
-    }
-}
-
 /// `path` with its longest existing ancestor canonicalised and the rest appended
 /// lexically, so a destination reached through links is judged where it really is.
 fn resolve_existing(path: &Path) -> io::Result<PathBuf> {
@@ -254,6 +211,7 @@ fn resolve_existing(path: &Path) -> io::Result<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::os::unix::fs::{symlink, PermissionsExt};
 
     use std::time::Duration;

@@ -22,7 +22,7 @@ use exec_server_core::Call;
 use crate::blocking::IoResultExt;
 use crate::paths::host_path;
 use crate::payload::Base64Bytes;
-use crate::read_file::open_regular;
+use crate::regular_file::open_regular;
 use crate::replace::ReplaceFile;
 use crate::routing::{check_streaming, FsState};
 

@@ -13,11 +13,15 @@
 //! * `paths` — wire paths to host paths, and host paths back to message text (§5.1).
 //! * `payload` — owned bytes serialized as base64 straight into the response.
 //! * `nonblocking` — opening files without ever waiting on a FIFO.
+//! * `regular_file`, `describe`, `walker`, `copy_data` — what a method does that both the
+//!   server and the fs helper (`confined`) use: reading a regular file whole, the metadata
+//!   answer, the walk, copying bytes between opened files.
 //! * `read_file`, `write_file`, `create_directory`, `metadata` (`fs/getMetadata`,
 //!   `fs/canonicalize`), `read_directory`, `walk`, `remove`, `copy` — one module per
 //!   method.
 //! * `watch` — `fs/watchMissing` and the `fs/watch` / `fs/unwatch` extension, on one
 //!   inotify instance; watches are session state.
+//! * `inotify` — the one inotify instance: kernel watches shared by holder, the reader.
 //! * `handles` — `fs/open`, `fs/readBlock`, `fs/writeBlock`, `fs/close` and the
 //!   per-connection handle table.
 //! * `replace` — the new version behind a `replace` handle, put in place atomically.
@@ -30,20 +34,25 @@ mod blocking;
 mod config;
 mod confined;
 mod copy;
+mod copy_data;
 mod create_directory;
+mod describe;
 mod handles;
 mod helper;
+mod inotify;
 mod metadata;
 mod nonblocking;
 mod paths;
 mod payload;
 mod read_directory;
 mod read_file;
+mod regular_file;
 mod remove;
 mod replace;
 mod routing;
 mod stream_write;
 mod walk;
+mod walker;
 mod watch;
 mod write_file;
 

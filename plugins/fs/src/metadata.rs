@@ -4,7 +4,6 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use exec_server_core::proto::fs::{CanonicalizeParams, GetMetadataParams, Metadata, PathResult};
 use exec_server_core::proto::path::parse_path;
@@ -18,6 +17,7 @@ use serde_json::value::RawValue;
 
 use crate::blocking::{Deadline, IoResultExt};
 use crate::config::FsConfig;
+use crate::describe::describe;
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
 
@@ -151,31 +151,8 @@ pub(crate) fn metadata(path: &Path, follow: bool) -> io::Result<Metadata> {
     Ok(describe(is_symlink, &described))
 }
 
-/// The answer for `described`; `is_symlink` is about the requested path itself.
-pub(crate) fn describe(is_symlink: bool, described: &fs::Metadata) -> Metadata {
-    Metadata {
-        is_directory: described.is_dir(),
-        is_file: described.is_file(),
-        is_symlink,
-        size: described.len(),
-        created_at_ms: described.created().map(unix_ms).unwrap_or(0),
-        modified_at_ms: described.modified().map(unix_ms).unwrap_or(0),
-    }
-}
-
-/// Milliseconds since the Unix epoch; earlier times are negative.
-fn unix_ms(time: SystemTime) -> i64 {
-    let clamp = |ms: u128| i64::try_from(ms).unwrap_or(i64::MAX);
-    match time.duration_since(UNIX_EPOCH) {
-        Ok(after) => clamp(after.as_millis()),
-        Err(before) => -clamp(before.duration().as_millis()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
@@ -197,11 +174,5 @@ mod tests {
         let dangling = metadata(&link, true).unwrap_err();
         assert_eq!(dangling.kind(), io::ErrorKind::NotFound);
         assert!(metadata(&link, false).unwrap().is_symlink);
-    }
-
-    #[test]
-    fn times_are_signed_milliseconds() {
-        assert_eq!(unix_ms(UNIX_EPOCH + Duration::from_millis(1500)), 1500);
-        assert_eq!(unix_ms(UNIX_EPOCH - Duration::from_millis(1500)), -1500);
     }
 }

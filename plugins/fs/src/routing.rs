@@ -32,7 +32,7 @@ pub(crate) struct FsState {
     pub(crate) pool: BlockingPool,
     pub(crate) sandbox: std::sync::Arc<SandboxRuntime>,
     /// The inotify instance every watch shares, created by the first watch.
-    pub(crate) inotify: std::sync::Mutex<Option<std::sync::Arc<crate::watch::inotify::Inotify>>>,
+    pub(crate) inotify: std::sync::Mutex<Option<std::sync::Arc<crate::inotify::Inotify>>>,
 }
 
 impl Deref for FsState {

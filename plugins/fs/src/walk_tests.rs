@@ -2,6 +2,8 @@ use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::symlink;
 
 use super::*;
+use crate::config::FsConfig;
+use crate::walk::validate;
 
 fn options(max_depth: usize, max_directories: usize, max_entries: usize) -> WalkOptions {
     WalkOptions {

@@ -10,7 +10,6 @@
 //! `search/start` does.
 
 pub(crate) mod changes;
-pub(crate) mod inotify;
 pub(crate) mod missing;
 
 use std::collections::HashMap;
@@ -21,6 +20,7 @@ use exec_server_core::SessionState;
 use exec_server_sandbox::policy::SandboxDecision;
 use serde_json::Value;
 
+use crate::inotify::Inotify;
 use crate::routing::FsState;
 use changes::ChangeWatch;
 use missing::MissingWatch;
@@ -161,12 +161,12 @@ impl SessionState for WatchSession {
 /// `inotify` instance access for the handlers.
 impl FsState {
     /// The plugin's inotify instance, created on first use.
-    pub(crate) fn inotify(&self) -> std::io::Result<Arc<inotify::Inotify>> {
+    pub(crate) fn inotify(&self) -> std::io::Result<Arc<Inotify>> {
         let mut slot = self.inotify.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(hub) = &*slot {
             return Ok(Arc::clone(hub));
         }
-        let hub = inotify::Inotify::start()?;
+        let hub = Inotify::start()?;
         *slot = Some(Arc::clone(&hub));
         Ok(hub)
     }

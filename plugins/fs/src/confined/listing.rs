@@ -14,7 +14,7 @@ use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
 use rustix::fs::{Mode, OFlags};
 
 use crate::blocking::IoResultExt;
-use crate::walk::{Inspected, WalkSource, Walker};
+use crate::walker::{Inspected, WalkSource, Walker};
 
 /// `fs/readDirectory`, stopping at the first entry beyond `limit`.
 pub(crate) fn read_directory(

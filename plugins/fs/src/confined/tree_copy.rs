@@ -21,7 +21,7 @@ use rustix::fs::{Mode, OFlags};
 
 use super::NEW_FILE_MODE;
 use crate::blocking::IoResultExt;
-use crate::copy::copy_opened;
+use crate::copy_data::copy_opened;
 
 /// `fs/copy`: the source examined without following its last link.
 pub(crate) fn copy(

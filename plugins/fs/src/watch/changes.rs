@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use super::inotify::{KernelWatch, RawEvent, Sink};
 use super::{refuse_enforced_sandbox, AbortOnDrop, WatchSession};
+use crate::inotify::{KernelWatch, RawEvent, Sink};
 use crate::routing::FsState;
 
 /// The extension a connection lists in `initialize.params.extensions` to get `fs/changed`.

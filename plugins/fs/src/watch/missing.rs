@@ -20,8 +20,8 @@ use rustix::fs::inotify::{ReadFlags, WatchFlags};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::inotify::{KernelWatch, RawEvent, Sink};
 use super::{refuse_enforced_sandbox, AbortOnDrop, WatchSession};
+use crate::inotify::{KernelWatch, RawEvent, Sink};
 use crate::routing::FsState;
 
 /// Most `missing` paths one request may name (codex's limit).

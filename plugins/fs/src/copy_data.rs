@@ -1,0 +1,54 @@
+//! Copying the bytes of one opened file into another: shared by `fs/copy` in the server and
+//! in the fs helper.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+
+use exec_server_core::proto::RpcError;
+
+use crate::blocking::{Deadline, IoResultExt};
+use crate::{nonblocking, stream_write};
+
+/// [`copy_file`] between opened files (both opened without waiting on a FIFO; `from` a
+/// regular file). A destination that is a FIFO or device is written as its reader makes
+/// room, until `deadline`; without one (in the fs helper, which its own time-out ends) it
+/// is written like a file.
+pub(crate) fn copy_opened(
+    mut from: File,
+    mut to: File,
+    deadline: Option<&Deadline>,
+) -> Result<(), RpcError> {
+    nonblocking::make_blocking(&from).or_rpc()?;
+    let from_meta = from.metadata().or_rpc()?;
+    let to_meta = to.metadata().or_rpc()?;
+    if (to_meta.dev(), to_meta.ino()) == (from_meta.dev(), from_meta.ino()) {
+        return Ok(());
+    }
+    if let (false, Some(deadline)) = (to_meta.is_file(), deadline) {
+        return copy_into_stream(&mut from, &to, deadline);
+    }
+    nonblocking::make_blocking(&to).or_rpc()?;
+    if to_meta.is_file() {
+        to.set_len(0).or_rpc()?;
+    }
+    io::copy(&mut from, &mut to).or_rpc()?;
+    if to_meta.is_file() {
+        to.set_permissions(from_meta.permissions()).or_rpc()?;
+    }
+    Ok(())
+}
+
+/// Copies `from` into the non-blocking FIFO or device `to` by `deadline`.
+fn copy_into_stream(from: &mut File, to: &File, deadline: &Deadline) -> Result<(), RpcError> {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(RpcError::from_io(&e)),
+        };
+        stream_write::write_all_on_thread(to, &buffer[..n], deadline)?;
+    }
+}
