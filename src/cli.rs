@@ -94,6 +94,10 @@ pub enum Command {
         /// The public base URL handed out and printed (`rendezvous.public_url`).
         #[arg(long = "public-url", value_name = "URL")]
         public_url: Option<String>,
+        /// Accept any bearer token, as one tenant (`rendezvous.insecure_no_auth`): for
+        /// trying remote mode on one machine; loopback addresses only.
+        #[arg(long = "insecure-no-auth")]
+        insecure_no_auth: bool,
     },
     /// Print a shell completion script, e.g. `exec-server completions bash >
     /// /etc/bash_completion.d/exec-server`.
@@ -111,6 +115,13 @@ impl Cli {
     pub fn overrides(&self) -> Result<CliOverrides, String> {
         let mut overrides = CliOverrides::default();
         self.websocket_auth_overrides(&mut overrides)?;
+        if let Some(Command::Rendezvous {
+            insecure_no_auth: true,
+            ..
+        }) = &self.command
+        {
+            overrides.set("rendezvous.insecure_no_auth", true);
+        }
         if !self.listen.is_empty() {
             overrides.set("server.listen", self.listen.clone());
         }

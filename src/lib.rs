@@ -145,7 +145,9 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
         Some(cli::Command::Run(_) | cli::Command::Completions { .. } | cli::Command::Man) => {
             unreachable!("dispatched before start-up")
         }
-        Some(cli::Command::Rendezvous { listen, public_url }) => {
+        Some(cli::Command::Rendezvous {
+            listen, public_url, ..
+        }) => {
             init_logging();
             prepare_to_listen();
             let args = exec_server_rendezvous::RendezvousArgs {

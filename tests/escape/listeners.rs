@@ -324,8 +324,15 @@ async fn at_the_total_pending_cap_the_oldest_connection_of_anyone_goes() {
 async fn the_rendezvous_listener_survives_stalled_connections_too() {
     const RENDEZVOUS_STALLED: usize = 300;
     raise_own_descriptor_limit(RENDEZVOUS_STALLED as u64 + 256);
-    let mut cmd =
-        server_with_descriptor_limit(256, &["rendezvous", "--listen", "http://127.0.0.1:0"]);
+    let mut cmd = server_with_descriptor_limit(
+        256,
+        &[
+            "rendezvous",
+            "--listen",
+            "http://127.0.0.1:0",
+            "--insecure-no-auth",
+        ],
+    );
     cmd.env(
         "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY",
         "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",

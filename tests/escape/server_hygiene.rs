@@ -211,7 +211,12 @@ async fn the_sandbox_cannot_be_switched_off_and_the_server_is_non_dumpable_at_it
 async fn the_rendezvous_service_is_non_dumpable_and_drops_its_key_variable() {
     let mut cmd = as_unprivileged_user(
         &server_bin(),
-        &["rendezvous", "--listen", "http://127.0.0.1:0"],
+        &[
+            "rendezvous",
+            "--listen",
+            "http://127.0.0.1:0",
+            "--insecure-no-auth",
+        ],
     );
     with_secret_environment(&mut cmd);
     let mut child = cmd.spawn().expect("spawn rendezvous");

@@ -297,3 +297,101 @@ async fn stopping_rendezvous_closes_every_socket_with_1001() {
         })
         .await;
 }
+
+/// A rendezvous without tokens would refuse every request: it does not start, and says
+/// what to do. `--insecure-no-auth` starts it on a loopback address, accepting any bearer
+/// token; it is refused anywhere else and together with tokens.
+#[tokio::test]
+async fn a_rendezvous_without_tokens_needs_insecure_no_auth() {
+    let run = |args: &[&str]| {
+        let mut command = std::process::Command::new(crate::util::server_bin());
+        command.args(args).env("RUST_LOG", "warn");
+        command.stdin(std::process::Stdio::null());
+        command
+    };
+    let out = run(&["rendezvous", "--listen", "http://127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rendezvous.tokens is empty") && stderr.contains("--insecure-no-auth"),
+        "{stderr}"
+    );
+    let out = run(&[
+        "rendezvous",
+        "--listen",
+        "http://0.0.0.0:0",
+        "--public-url",
+        "https://relay.example",
+        "--insecure-no-auth",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("non-loopback"));
+
+    // On loopback, any bearer token registers an environment.
+    let mut child = tokio::process::Command::from(run(&[
+        "rendezvous",
+        "--listen",
+        "http://127.0.0.1:0",
+        "--insecure-no-auth",
+    ]));
+    child
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = child.spawn().unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut url = String::new();
+    use tokio::io::AsyncBufReadExt;
+    tokio::time::timeout(crate::util::STEP_TIMEOUT, stdout.read_line(&mut url))
+        .await
+        .unwrap()
+        .unwrap();
+    let base = url.trim().to_owned();
+    let key = exec_server_relay_core::noise::NoiseIdentity::generate().public();
+    let registration = registry_as(&base, "anything-at-all")
+        .register("env-open", &key, None)
+        .await;
+    assert!(registration.is_ok(), "{registration:?}");
+    let without_token = reqwest_free_post(&base, "env-open2").await;
+    assert_eq!(without_token, 401, "a bearer token is still required");
+
+    // Not together with tokens.
+    let config = crate::util::config_file(&format!(
+        "[[rendezvous.tokens]]\nname = \"t\"\nsha256 = \"{}\"\nrole = \"any\"\n",
+        "a".repeat(64)
+    ));
+    let out = run(&[
+        "rendezvous",
+        "--config",
+        config.to_str().unwrap(),
+        "--insecure-no-auth",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("rendezvous.insecure_no_auth cannot be combined with rendezvous.tokens"));
+}
+
+/// A registration request without any `Authorization` header; the HTTP status.
+async fn reqwest_free_post(base: &str, environment: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = base.trim_start_matches("http://").trim_end_matches('/');
+    let mut tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let body = "{}";
+    let request = format!(
+        "POST /cloud/environment/{environment}/register HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}

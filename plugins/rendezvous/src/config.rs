@@ -82,6 +82,10 @@ pub struct RendezvousConfig {
     pub rate_limit_per_ip_per_sec: u32,
     pub rate_limit_per_ip_burst: u32,
     pub tokens: Vec<TokenConfig>,
+    /// Accept any bearer token, as one tenant with every role, instead of
+    /// `rendezvous.tokens` (`--insecure-no-auth`): for trying remote mode on one machine.
+    /// Loopback listeners only; refused together with tokens.
+    pub insecure_no_auth: bool,
 }
 
 impl Default for RendezvousConfig {
@@ -111,6 +115,7 @@ impl Default for RendezvousConfig {
             rate_limit_per_ip_per_sec: 100,
             rate_limit_per_ip_burst: 500,
             tokens: Vec::new(),
+            insecure_no_auth: false,
         }
     }
 }
@@ -153,6 +158,12 @@ impl RendezvousConfig {
             if value == 0 {
                 return Err(source.invalid(key, "must be greater than zero, got 0"));
             }
+        }
+        if config.insecure_no_auth && !config.tokens.is_empty() {
+            return Err(source.invalid(
+                "rendezvous.insecure_no_auth",
+                "cannot be combined with rendezvous.tokens: with tokens, only they are accepted",
+            ));
         }
         for (i, token) in config.tokens.iter().enumerate() {
             if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {

@@ -103,6 +103,14 @@ pub enum StartError {
     SigningKey(#[from] SigningKeyError),
     #[error("{0}")]
     Tokens(String),
+    #[error(
+        "rendezvous.tokens is empty, so every request would be refused: add [[rendezvous.tokens]] (docs/OPERATIONS.md, \"Remote mode\"), or pass --insecure-no-auth to accept any bearer token on a loopback address"
+    )]
+    NoTokens,
+    #[error(
+        "rendezvous.insecure_no_auth accepts any bearer token, so it is refused on the non-loopback address {0}; configure [[rendezvous.tokens]]"
+    )]
+    NoAuthOffLoopback(SocketAddr),
     #[error("failed to bind {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -177,6 +185,17 @@ pub async fn start(
     limits: ListenerLimits,
 ) -> Result<RunningRendezvous, StartError> {
     let addr = parse_listen(&config.listen)?;
+    if config.tokens.is_empty() && !config.insecure_no_auth {
+        return Err(StartError::NoTokens);
+    }
+    if config.insecure_no_auth {
+        if !addr.ip().is_loopback() {
+            return Err(StartError::NoAuthOffLoopback(addr));
+        }
+        tracing::warn!(
+            "rendezvous.insecure_no_auth: any bearer token is accepted, as one tenant with every role"
+        );
+    }
     if !addr.ip().is_loopback() && config.public_url.is_none() && !config.allow_insecure {
         return Err(StartError::Insecure(addr));
     }
