@@ -4,8 +4,11 @@
 //! It has one method with typed params (`hello/greet`), per-session state (how many
 //! greetings this session got), one extension notification sent after the response
 //! (`hello/greeted`, only to clients that opted in to the `hello` extension), and one
-//! checked config key (`[hello] greeting`). `docs/PLUGINS.md` walks through it; every
-//! snippet there is an excerpt of this crate.
+//! checked config key (`[hello] greeting`). `echo` beside it is the smallest complete
+//! plugin. `docs/PLUGINS.md` walks through both; every snippet there is an excerpt of this
+//! crate.
+
+mod echo;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -74,6 +74,17 @@ fn greets_counts_per_session_and_notifies_after_the_response() {
     assert_eq!(server.recv(), json!({"id": 4, "result": {"status": "ready"}}));
 }
 
+/// The smallest plugin of the crate, `echo`, answers with what it was sent.
+#[test]
+fn the_smallest_plugin_answers() {
+    let mut server = Server::start(&[], &[]);
+    server.handshake();
+    server.send(json!({"id": 1, "method": "echo/say", "params": {"text": "hi"}}));
+    assert_eq!(server.recv(), json!({"id": 1, "result": {"text": "hi"}}));
+    server.send(json!({"id": 2, "method": "echo/say", "params": {"words": "hi"}}));
+    assert_eq!(server.recv()["error"]["code"], -32602);
+}
+
 /// `hello/greeted` is an extension: a client that did not opt in (every codex client) never
 /// gets it, so it is never dropped for an unknown notification.
 #[test]

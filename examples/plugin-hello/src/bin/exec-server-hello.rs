@@ -4,5 +4,8 @@
 use exec_server_plugin_hello as _;
 
 fn main() -> std::process::ExitCode {
-    exec_server::main_with_plugins(&[("hello", "exec-server-plugin-hello")])
+    exec_server::main_with_plugins(&[
+        ("hello", "exec-server-plugin-hello"),
+        ("echo", "exec-server-plugin-hello"),
+    ])
 }
