@@ -303,18 +303,15 @@ impl Processor {
             extensions: Arc::clone(&self.extensions),
         };
         let outbound = self.outbound.clone();
-        // The process a request is about, when it names one: so a process's story can be
-        // followed through the log by its id.
-        let process = params
-            .get("processId")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        // `process`: the process a request is about, when it names one, so a process's
+        // story can be followed through the log by its id (borrowed: nothing is copied
+        // unless debug logging is on).
         let span = tracing::debug_span!(
             "request",
             %method,
             %id,
             session = %session.id(),
-            process,
+            process = params.get("processId").and_then(serde_json::Value::as_str),
             traceparent,
         );
         let mut request = Box::pin(

@@ -3,7 +3,6 @@
 //! command: the command's effect must appear on disk, and the recording proxy between
 //! codex and the server shows which methods codex called and what they answered.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use super::fake_model::{FakeModel, FINAL_TEXT};
@@ -20,13 +19,6 @@ const FS_WATCH_MISSING_IMPLEMENTED: bool = true;
 /// How long the whole `codex exec` run may take before the test gives up.
 const RUN_DEADLINE: Duration = Duration::from_secs(180);
 
-fn write_model_config(home: &CodexHome, base_url: &str) {
-    let config = format!(
-        "model = \"gpt-test\"\nmodel_provider = \"fake\"\n\n[model_providers.fake]\nname = \"fake\"\nbase_url = \"{base_url}\"\nwire_api = \"responses\"\nenv_key = \"OPENAI_API_KEY\"\nsupports_websockets = false\n"
-    );
-    std::fs::write(home.codex_home().join("config.toml"), config).unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_exec_runs_a_shell_command_through_this_server() {
     let Some(codex) = codex_bin("codex_exec_runs_a_shell_command_through_this_server") else {
@@ -37,33 +29,12 @@ async fn codex_exec_runs_a_shell_command_through_this_server() {
     let work_dir = std::fs::canonicalize(work.path()).unwrap();
     let marker = work_dir.join("made-by-codex.txt");
     let model = FakeModel::start("printf 'written through exec-server' > made-by-codex.txt").await;
-    write_model_config(&home, &model.base_url);
+    home.use_model(&model.base_url);
     let server = WsServer::start(&[]).await;
     let proxy = RecordingProxy::start(&server.url).await;
 
-    // codex asks for its workspace-write sandbox, which this server enforces with Landlock;
-    // on a host without it the turn runs unsandboxed instead of failing closed.
-    let sandbox = if crate::sandbox::landlock_available() {
-        "workspace-write"
-    } else {
-        "danger-full-access"
-    };
-    let mut cmd = home.command(&codex);
-    cmd.args([
-        "exec",
-        "--skip-git-repo-check",
-        "--color",
-        "never",
-        "--sandbox",
-        sandbox,
-        "write the marker file",
-    ])
-    .current_dir(&work_dir)
-    .env("OPENAI_API_KEY", "sk-test")
-    .env("CODEX_EXEC_SERVER_URL", &proxy.url)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    let mut cmd = home.exec_turn(&codex, &work_dir);
+    cmd.env("CODEX_EXEC_SERVER_URL", &proxy.url);
     let output = tokio::time::timeout(RUN_DEADLINE, cmd.output())
         .await
         .expect("codex exec finishes")

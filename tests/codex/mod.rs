@@ -86,4 +86,44 @@ impl CodexHome {
             .kill_on_drop(true);
         cmd
     }
+
+    /// Points codex at the fake model endpoint `base_url` (its `config.toml`).
+    pub fn use_model(&self, base_url: &str) {
+        let config = format!(
+            "model = \"gpt-test\"\nmodel_provider = \"fake\"\n\n[model_providers.fake]\nname = \"fake\"\nbase_url = \"{base_url}\"\nwire_api = \"responses\"\nenv_key = \"OPENAI_API_KEY\"\nsupports_websockets = false\n"
+        );
+        std::fs::write(self.codex_home().join("config.toml"), config).unwrap();
+    }
+
+    /// `codex exec` of one turn in `work_dir`, asking for codex's workspace-write sandbox
+    /// where this host can enforce it (Landlock) and for none otherwise, so that the turn
+    /// runs rather than failing closed; output is captured. The caller adds how codex
+    /// reaches its environment.
+    pub fn exec_turn(
+        &self,
+        bin: &std::path::Path,
+        work_dir: &std::path::Path,
+    ) -> tokio::process::Command {
+        let sandbox = if crate::sandbox::landlock_available() {
+            "workspace-write"
+        } else {
+            "danger-full-access"
+        };
+        let mut cmd = self.command(bin);
+        cmd.args([
+            "exec",
+            "--skip-git-repo-check",
+            "--color",
+            "never",
+            "--sandbox",
+            sandbox,
+            "write the marker file",
+        ])
+        .current_dir(work_dir)
+        .env("OPENAI_API_KEY", "sk-test")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        cmd
+    }
 }

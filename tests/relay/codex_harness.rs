@@ -4,7 +4,6 @@
 //! run on our executor. Skips (`SKIP:`) only without codex and without
 //! `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use exec_server_relay_core::proto::{self, Body};
@@ -34,37 +33,14 @@ async fn codex_exec_runs_a_shell_command_on_our_executor_through_the_relay() {
     let work_dir = std::fs::canonicalize(work.path()).unwrap();
     let marker = work_dir.join("made-by-codex.txt");
     let model = FakeModel::start("printf 'written through the relay' > made-by-codex.txt").await;
-    let config = format!(
-        "model = \"gpt-test\"\nmodel_provider = \"fake\"\n\n[model_providers.fake]\nname = \"fake\"\nbase_url = \"{}\"\nwire_api = \"responses\"\nenv_key = \"OPENAI_API_KEY\"\nsupports_websockets = false\n",
-        model.base_url
-    );
-    std::fs::write(home.codex_home().join("config.toml"), config).unwrap();
-    let sandbox = if crate::sandbox::landlock_available() {
-        "workspace-write"
-    } else {
-        "danger-full-access"
-    };
-    let mut cmd = home.command(&codex);
-    cmd.args([
-        "exec",
-        "--skip-git-repo-check",
-        "--color",
-        "never",
-        "--sandbox",
-        sandbox,
-        "write the marker file",
-    ])
-    .current_dir(&work_dir)
-    .env("OPENAI_API_KEY", "sk-test")
-    .env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", &rdv.direct)
-    .env(
-        "CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID",
-        "env-codex-harness",
-    )
-    .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", HARNESS_TOKEN)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    home.use_model(&model.base_url);
+    let mut cmd = home.exec_turn(&codex, &work_dir);
+    cmd.env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", &rdv.direct)
+        .env(
+            "CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID",
+            "env-codex-harness",
+        )
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", HARNESS_TOKEN);
     let output = tokio::time::timeout(RUN_DEADLINE, cmd.output())
         .await
         .expect("codex exec finishes")

@@ -3,17 +3,18 @@
 //! before the call returns. The socket loops of executor and harness sockets live here:
 //! they attach and detach through both.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
 use axum::http::StatusCode;
 use exec_server_relay_core::noise::NoisePublicKey;
+use futures_util::stream::SplitStream;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::router::{decode_valid, is_too_big, Router, MAX_INVALID_FRAMES};
+use crate::router::{decode_valid, is_too_big, Router, SocketHandle, MAX_INVALID_FRAMES};
 use crate::store::{
     Connectable, Epoch, HarnessLease, RegisterRefusal, SharedStore, TenantId, TokenGrant,
     UpgradeRefusal,
@@ -123,35 +124,11 @@ impl Hub {
             return;
         }
         let mut invalid = 0u32;
-        let mut left_for_good = false;
-        loop {
-            let message = tokio::select! {
-                _ = handle.kill.cancelled() => break,
-                m = stream.next() => m,
-            };
-            let bytes = match message {
-                Some(Ok(Message::Binary(bytes))) => bytes,
-                Some(Ok(Message::Pong(_))) => {
-                    *last_pong.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-                    continue;
-                }
-                Some(Ok(Message::Text(_))) => {
-                    handle.close(1003);
-                    break;
-                }
-                Some(Err(e)) => {
-                    if is_too_big(e) {
-                        handle.close(1009);
-                    }
-                    break;
-                }
-                Some(Ok(Message::Close(frame))) => {
-                    // 1000 is what an executor sends when it stops (§8.8, §9.1).
-                    left_for_good = frame.is_some_and(|f| f.code == 1000);
-                    break;
-                }
-                None => break,
-                Some(Ok(_)) => continue,
+        // 1000 is what an executor sends when it stops (§8.8, §9.1).
+        let left_for_good = loop {
+            let bytes = match next_binary(&handle, &mut stream, &last_pong).await {
+                Received::Binary(bytes) => bytes,
+                Received::Ended { closed_with_1000 } => break closed_with_1000,
             };
             let Some(frame) = decode_valid(&bytes) else {
                 invalid += 1;
@@ -160,7 +137,7 @@ impl Hub {
             };
             self.router
                 .forward_from_executor(&env_id, &handle, bytes, &frame);
-        }
+        };
         handle.kill.cancel();
         if let Some(epoch) = self.router.detach_executor(&env_id, handle.id) {
             let mut ended = Vec::new();
@@ -191,28 +168,9 @@ impl Hub {
         let mut invalid = 0u32;
         let mut ended_by_reset = false;
         loop {
-            let message = tokio::select! {
-                _ = handle.kill.cancelled() => break,
-                m = stream.next() => m,
-            };
-            let bytes = match message {
-                Some(Ok(Message::Binary(bytes))) => bytes,
-                Some(Ok(Message::Pong(_))) => {
-                    *last_pong.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-                    continue;
-                }
-                Some(Ok(Message::Text(_))) => {
-                    handle.close(1003);
-                    break;
-                }
-                Some(Err(e)) => {
-                    if is_too_big(e) {
-                        handle.close(1009);
-                    }
-                    break;
-                }
-                Some(Ok(Message::Close(_))) | None => break,
-                Some(Ok(_)) => continue,
+            let Received::Binary(bytes) = next_binary(&handle, &mut stream, &last_pong).await
+            else {
+                break;
             };
             let Some(frame) = decode_valid(&bytes) else {
                 invalid += 1;
@@ -276,5 +234,51 @@ impl Hub {
     /// Closes every socket with 1001 (service shutdown), waiting up to `drain`.
     pub async fn close_all(&self, drain: Duration) {
         self.router.close_all(drain).await;
+    }
+}
+
+/// What a rendezvous socket's reader got next.
+enum Received {
+    /// A binary message: one frame to decode.
+    Binary(bytes::Bytes),
+    /// The socket is done (killed, closed, failed or refused); `closed_with_1000`: the peer
+    /// closed it with code 1000.
+    Ended { closed_with_1000: bool },
+}
+
+/// The next binary message of an executor or harness socket. Pongs refresh `last_pong`;
+/// a text message closes the socket with 1003 and an oversized one with 1009 (§8.6).
+async fn next_binary(
+    handle: &SocketHandle,
+    stream: &mut SplitStream<WebSocket>,
+    last_pong: &Mutex<Instant>,
+) -> Received {
+    let ended = |closed_with_1000| Received::Ended { closed_with_1000 };
+    loop {
+        let message = tokio::select! {
+            _ = handle.kill.cancelled() => return ended(false),
+            m = stream.next() => m,
+        };
+        match message {
+            Some(Ok(Message::Binary(bytes))) => return Received::Binary(bytes),
+            Some(Ok(Message::Pong(_))) => {
+                *last_pong.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            }
+            Some(Ok(Message::Text(_))) => {
+                handle.close(1003);
+                return ended(false);
+            }
+            Some(Err(e)) => {
+                if is_too_big(e) {
+                    handle.close(1009);
+                }
+                return ended(false);
+            }
+            Some(Ok(Message::Close(frame))) => {
+                return ended(frame.is_some_and(|f| f.code == 1000));
+            }
+            None => return ended(false),
+            Some(Ok(_)) => {}
+        }
     }
 }
