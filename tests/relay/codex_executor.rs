@@ -17,6 +17,7 @@ use exec_server_client::{ClientOptions, ExecServerClient};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::fixtures::*;
+use super::tls::Pki;
 use crate::codex::{codex_bin, CodexHome};
 use crate::util::{server_command, STEP_TIMEOUT};
 
@@ -40,7 +41,19 @@ impl CodexExecutor {
         registry: &str,
         environment: &str,
     ) -> Self {
+        Self::start_with_env(bin, home, registry, environment, &[]).await
+    }
+
+    /// [`CodexExecutor::start`] with variables added to codex's environment.
+    async fn start_with_env(
+        bin: &std::path::Path,
+        home: &CodexHome,
+        registry: &str,
+        environment: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = home.command(bin);
+        cmd.envs(env.iter().copied());
         cmd.args([
             "exec-server",
             "--remote",
@@ -266,4 +279,53 @@ async fn codex_executor_serves_our_client_and_run_through_our_rendezvous() {
         Some(Body::Handshake(h)) if h.payload.len() > 3_568
     )));
     drop(client);
+}
+
+#[tokio::test]
+async fn codex_executor_trusting_our_ca_through_ssl_cert_file_serves_over_a_tls_rendezvous() {
+    let Some(bin) = codex_bin(
+        "codex_executor_trusting_our_ca_through_ssl_cert_file_serves_over_a_tls_rendezvous",
+    ) else {
+        return;
+    };
+    let home = CodexHome::new();
+    let pki = Pki::issue(&["127.0.0.1"]);
+    let rdv = start_tls_rendezvous(&pki.cert, &pki.key).await;
+    let ca = pki.ca.display().to_string();
+    // codex reads SSL_CERT_FILE for its registry client and its rendezvous socket alike.
+    let codex = CodexExecutor::start_with_env(
+        &bin,
+        &home,
+        &rdv.url,
+        "env-codex-tls",
+        &[("SSL_CERT_FILE", &ca)],
+    )
+    .await;
+    let mut run = server_command(&[
+        "run",
+        "--remote",
+        &rdv.url,
+        "--environment-id",
+        "env-codex-tls",
+        "--ca-file",
+        &ca,
+        "--",
+        "sh",
+        "-c",
+        "echo codex-over-tls; exit 4",
+    ]);
+    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
+        .stdin(Stdio::null());
+    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
+        .await
+        .expect("run finishes")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "codex-over-tls\n",
+        "{stderr}"
+    );
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    codex.wait_for_log(HANDSHAKE_DONE).await;
 }

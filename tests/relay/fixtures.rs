@@ -2,6 +2,7 @@
 //! processes, a JSON-RPC client over one relay stream, a WebSocket proxy that captures,
 //! drops, duplicates, reorders, injects and cuts frames, raw rendezvous sockets and
 //! registry calls, and a registry gate that holds or refuses `/validate` and `/register`.
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,7 +52,12 @@ pub(crate) struct Rendezvous {
 
 /// A rendezvous whose stderr (at `warn`) is kept in [`Rendezvous::log`].
 pub(crate) async fn start_rendezvous_logged() -> Rendezvous {
-    start_rendezvous_inner(None, "", true).await
+    start_rendezvous_inner(None, "", true, None).await
+}
+
+/// A logged rendezvous serving TLS itself with these PEM files (`--listen https://…`).
+pub(crate) async fn start_tls_rendezvous(cert: &Path, key: &Path) -> Rendezvous {
+    start_rendezvous_inner(None, "", true, Some((cert, key))).await
 }
 
 pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
@@ -60,13 +66,14 @@ pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
 
 /// A rendezvous whose `[rendezvous]` table also holds `settings` (small limits, short grace).
 pub(crate) async fn start_rendezvous_with(public_url: Option<&str>, settings: &str) -> Rendezvous {
-    start_rendezvous_inner(public_url, settings, false).await
+    start_rendezvous_inner(public_url, settings, false, None).await
 }
 
 async fn start_rendezvous_inner(
     public_url: Option<&str>,
     settings: &str,
     capture_log: bool,
+    tls: Option<(&Path, &Path)>,
 ) -> Rendezvous {
     // A free port, so the direct URL is known even when a public URL is printed.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -74,7 +81,8 @@ async fn start_rendezvous_inner(
         .local_addr()
         .unwrap()
         .port();
-    let listen = format!("http://127.0.0.1:{port}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let listen = format!("{scheme}://127.0.0.1:{port}");
     let config = config_file(&format!(
         r#"
 [rendezvous]
@@ -99,28 +107,24 @@ role = "harness"
     if let Some(url) = public_url {
         args.extend(["--public-url", url]);
     }
+    let tls_files = tls.map(|(cert, key)| (cert.display().to_string(), key.display().to_string()));
+    if let Some((cert, key)) = &tls_files {
+        args.extend(["--tls-cert-file", cert, "--tls-key-file", key]);
+    }
     let mut cmd = server_command(&args);
     cmd.env(
         "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY",
         "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
     );
-    let log = Arc::new(Mutex::new(String::new()));
+    let mut log = Arc::new(Mutex::new(String::new()));
     if capture_log {
         cmd.env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
             .stderr(std::process::Stdio::piped());
     }
     let mut child = cmd.spawn().expect("spawn rendezvous");
-    if let Some(stderr) = child.stderr.take() {
-        let sink = Arc::clone(&log);
-        let mut lines = BufReader::new(stderr).lines();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut text = sink.lock().unwrap();
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
+    if capture_log {
+        log = capture_stderr(&mut child);
     }
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
@@ -133,13 +137,42 @@ role = "harness"
         while stdout.read_line(&mut rest).await.unwrap_or(0) > 0 {}
     });
     let url = line.trim().to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert!(url.starts_with(&format!("{scheme}://127.0.0.1:")), "{url}");
     Rendezvous {
         child,
         url,
         direct: listen,
         _config: config,
         log,
+    }
+}
+
+/// Collects a child's piped stderr, line by line, as it comes.
+pub(crate) fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let sink = Arc::clone(&log);
+    let mut lines = BufReader::new(stderr).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut text = sink.lock().unwrap();
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    log
+}
+
+/// Waits until `log` contains `needle` `times` times (bounded by the step timeout).
+pub(crate) async fn wait_for_log(log: &Mutex<String>, needle: &str, times: usize) {
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    while log.lock().unwrap().matches(needle).count() < times {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{needle:?} was not logged {times} times; the log:\n{}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

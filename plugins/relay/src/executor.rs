@@ -30,6 +30,7 @@ use exec_server_relay_core::proto::{
 };
 use exec_server_relay_core::registry::{RegistryClient, RegistryError};
 use exec_server_relay_core::reliable::{ReliableStream, Role, Semantics, StreamLimits, Timing};
+use exec_server_relay_core::tls::TlsTrust;
 
 use crate::config::RelayConfig;
 
@@ -66,13 +67,21 @@ fn open_relay(
         config.allow_insecure,
     )
     .map_err(|e| StartupError(e.to_string()))?;
-    let registry = RegistryClient::new(
+    let trust = config.tls_trust().map_err(StartupError)?;
+    let registry = RegistryClient::with_trust(
         base,
         token,
         Duration::from_millis(config.request_timeout_ms),
         config.allow_insecure,
+        &trust,
     );
-    let executor = Executor::new(config, registry, Arc::clone(server), Timing::default());
+    let executor = Executor::new(
+        config,
+        registry,
+        trust,
+        Arc::clone(server),
+        Timing::default(),
+    );
     Ok(Some(Box::new(RelayListener { executor })))
 }
 
@@ -156,6 +165,8 @@ pub struct Executor {
     environment_id: String,
     identity: NoiseIdentity,
     registry: RegistryClient,
+    /// What the rendezvous socket's TLS trusts (the registry client has the same).
+    tls: TlsTrust,
     server: Arc<ServerContext>,
     timing: Timing,
     link_timing: LinkTiming,
@@ -180,6 +191,7 @@ impl Executor {
     pub fn new(
         config: RelayConfig,
         registry: RegistryClient,
+        tls: TlsTrust,
         server: Arc<ServerContext>,
         timing: Timing,
     ) -> Arc<Self> {
@@ -196,6 +208,7 @@ impl Executor {
             config,
             identity,
             registry,
+            tls,
             server,
             timing,
             link_timing,
@@ -312,7 +325,8 @@ impl Executor {
             }
             let url = self.lock().ws_url.clone();
             let mut must_register = false;
-            match link::open(&url, Duration::from_millis(self.config.connect_timeout_ms)).await {
+            let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+            match link::open(&url, timeout, &self.tls).await {
                 Ok(ws) => {
                     let started = Instant::now();
                     self.serve_physical(ws).await;

@@ -16,6 +16,8 @@
 //! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
 //! * [`refusal`] — every limit as a refusal: status, error code, and a message naming the
 //!   configuration key to raise.
+//! * `tls` — in-process TLS from the PEM files of `rendezvous.tls_cert_file` and
+//!   `rendezvous.tls_key_file`.
 
 mod capacity;
 pub mod config;
@@ -27,6 +29,7 @@ pub mod router;
 pub mod service;
 pub mod signing;
 pub mod store;
+mod tls;
 
 pub use router::RouterTiming;
 pub use service::{
