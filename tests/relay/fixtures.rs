@@ -48,6 +48,23 @@ pub(crate) struct Rendezvous {
     pub(crate) _config: tempfile::TempPath,
     /// Its stderr, when started with [`start_rendezvous_logged`].
     pub(crate) log: Arc<Mutex<String>>,
+    /// Its command line and whether its stderr is kept, for [`Rendezvous::restart`].
+    args: Vec<String>,
+    capture_log: bool,
+}
+
+impl Rendezvous {
+    /// Kills the service (SIGKILL: every socket and all its state are lost) and starts it
+    /// again on the same address with the same configuration and signing key.
+    pub(crate) async fn restart(&mut self) {
+        self.child.kill().await.unwrap();
+        let (child, url, log) = spawn_rendezvous(&self.args, self.capture_log).await;
+        assert_eq!(url, self.url);
+        self.child = child;
+        if self.capture_log {
+            self.log = log;
+        }
+    }
 }
 
 /// A rendezvous whose stderr (at `warn`) is kept in [`Rendezvous::log`].
@@ -111,6 +128,27 @@ role = "harness"
     if let Some((cert, key)) = &tls_files {
         args.extend(["--tls-cert-file", cert, "--tls-key-file", key]);
     }
+    let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+    let (child, url, log) = spawn_rendezvous(&args, capture_log).await;
+    assert!(url.starts_with(&format!("{scheme}://127.0.0.1:")), "{url}");
+    Rendezvous {
+        child,
+        url,
+        direct: listen,
+        _config: config,
+        log,
+        args,
+        capture_log,
+    }
+}
+
+/// Starts `exec-server <args>` with the tests' signing key: the child, its first stdout
+/// line (the URL) and its stderr when `capture_log`.
+async fn spawn_rendezvous(
+    args: &[String],
+    capture_log: bool,
+) -> (Child, String, Arc<Mutex<String>>) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cmd = server_command(&args);
     cmd.env(
         "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY",
@@ -136,15 +174,7 @@ role = "harness"
         let mut rest = String::new();
         while stdout.read_line(&mut rest).await.unwrap_or(0) > 0 {}
     });
-    let url = line.trim().to_owned();
-    assert!(url.starts_with(&format!("{scheme}://127.0.0.1:")), "{url}");
-    Rendezvous {
-        child,
-        url,
-        direct: listen,
-        _config: config,
-        log,
-    }
+    (child, line.trim().to_owned(), log)
 }
 
 /// Collects a child's piped stderr, line by line, as it comes.

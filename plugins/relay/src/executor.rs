@@ -149,6 +149,10 @@ struct State {
     ws_url: String,
     streams: HashMap<String, Slot>,
     retired: Retired,
+    /// Streams lost with a physical connection (codex streams at once, ours after the
+    /// resume grace) whose harnesses have not been told yet: they get a Reset as soon as a
+    /// connection is up again.
+    lost_unannounced: Vec<String>,
 }
 
 /// Why the executor stopped serving for good.
@@ -368,6 +372,7 @@ impl Executor {
         let (handle, mut stream) = link::start(ws, self.link_timing);
         self.failed_handshakes.store(0, Ordering::SeqCst);
         self.uplink.set(Some(handle.frames.clone()));
+        self.announce_lost_streams();
         self.broadcast(|| StreamEvent::Connected);
         let shutdown = self.server.shutdown.clone();
         let mut invalid: VecDeque<Instant> = VecDeque::new();
@@ -448,6 +453,31 @@ impl Executor {
         // Frames already queued (a last Reset, the close code) reach the socket first.
         let _ = tokio::time::timeout(LINK_DRAIN, handle.finished()).await;
         self.broadcast(|| StreamEvent::Disconnected);
+    }
+
+    /// Resets, on the connection just opened, the streams lost with an earlier one.
+    /// Nothing else would tell their harnesses: the rendezvous keeps a harness's socket
+    /// open while the executor is away, and a codex harness waiting for output would wait
+    /// for ever instead of resuming its session on a new stream.
+    fn announce_lost_streams(&self) {
+        let lost = std::mem::take(&mut self.lock().lost_unannounced);
+        for sid in lost {
+            self.send_reset(&sid, ResetReason::UnknownStream);
+        }
+    }
+
+    /// A stream was lost with its physical connection: its harness is told on the current
+    /// connection if one is up again, otherwise on the next.
+    fn stream_lost_with_link(&self, sid: &str) {
+        let mut state = self.lock();
+        if self.uplink.is_connected() {
+            drop(state);
+            self.send_reset(sid, ResetReason::UnknownStream);
+            return;
+        }
+        if state.lost_unannounced.len() < RETIRED_IDS {
+            state.lost_unannounced.push(sid.to_owned());
+        }
     }
 
     fn established_streams(&self) -> usize {
@@ -917,6 +947,9 @@ impl Executor {
         tracing::debug!(stream = %sid, end = ?end, "relay stream ended");
         if let StreamEnd::ResetReceived(reason) = &end {
             tracing::info!(stream = %sid, reason = %reason, "relay stream reset by the peer");
+        }
+        if matches!(end, StreamEnd::Lost) {
+            self.stream_lost_with_link(&sid);
         }
         {
             let mut state = self.lock();
