@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use exec_server_client::proto::process::StartParams;
-use exec_server_client::relay::harness::RelayConnectArgs;
+use exec_server_client::relay::harness::{RelayConnectArgs, RelayError};
 use exec_server_client::relay::proto::{self as frames, Body};
 use exec_server_client::relay::registry::SecretString;
 use exec_server_client::{ClientOptions, ExecServerClient};
@@ -328,4 +328,52 @@ async fn codex_executor_trusting_our_ca_through_ssl_cert_file_serves_over_a_tls_
     );
     assert_eq!(output.status.code(), Some(4), "{stderr}");
     codex.wait_for_log(HANDSHAKE_DONE).await;
+}
+
+/// A codex executor forgets its streams when its socket drops and says nothing about them
+/// when it reconnects: the rendezvous resets them towards their harnesses, so a harness
+/// waiting for output learns at once, and the session goes on on a new stream.
+#[tokio::test]
+async fn a_cut_codex_executor_socket_resets_its_streams_and_the_session_resumes() {
+    let Some(bin) =
+        codex_bin("a_cut_codex_executor_socket_resets_its_streams_and_the_session_resumes")
+    else {
+        return;
+    };
+    let home = CodexHome::new();
+    let (proxy, rdv) = proxied_rendezvous("").await;
+    let _codex = CodexExecutor::start(&bin, &home, &rdv.direct, "env-codex-cut").await;
+    let args = harness_args(&rdv.direct, "env-codex-cut");
+    let (mut client, init) = RelayClient::open_with(
+        args.clone(),
+        serde_json::json!({"clientName": "relay-tests-client"}),
+    )
+    .await;
+    let session = init["sessionId"].as_str().unwrap().to_owned();
+    assert_eq!(
+        client
+            .call("environment/status", serde_json::json!({}))
+            .await["status"],
+        "ready"
+    );
+    // Nothing is in flight: only the rendezvous can tell the harness its stream is gone.
+    // It resets the stream and closes the socket; a codex stream ends with its socket, so
+    // the harness may report either first — but it does not wait.
+    proxy.faults.cut.notify_waiters();
+    let ended = client.ended().await;
+    assert!(
+        ended == Some(RelayError::Reset("executor_unavailable".into()))
+            || ended == Some(RelayError::Lost),
+        "{ended:?}"
+    );
+    proxy
+        .wait_for("codex to reconnect", |p| p.executor_sockets() >= 2)
+        .await;
+    let mut resumed = resume_session(&args, &session).await;
+    assert_eq!(
+        resumed
+            .call("environment/status", serde_json::json!({}))
+            .await["status"],
+        "ready"
+    );
 }

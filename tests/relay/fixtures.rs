@@ -257,6 +257,43 @@ pub(crate) async fn connect(args: RelayConnectArgs) -> RelayConnection {
     }
 }
 
+/// A new stream that takes the session over, retrying while the executor has not yet
+/// seen the old stream end (-32010), as codex clients do.
+pub(crate) async fn resume_session(args: &RelayConnectArgs, session: &str) -> RelayClient {
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let mut client = RelayClient {
+            conn: connect(args.clone()).await,
+            next_id: 1,
+            pending: Vec::new(),
+        };
+        let resumed = client
+            .request(
+                "initialize",
+                json!({"clientName": "relay-tests-client", "resumeSessionId": session}),
+            )
+            .await;
+        match resumed {
+            Ok(result) => {
+                assert_eq!(result["sessionId"], session);
+                client
+                    .conn
+                    .send(json!({"method": "initialized", "params": {}}).to_string())
+                    .await
+                    .unwrap();
+                return client;
+            }
+            Err(error) if error["code"] == -32010 => {}
+            Err(error) => panic!("resume failed: {error}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the session could not be resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A JSON-RPC client over one relay stream.
 pub(crate) struct RelayClient {
     pub(crate) conn: RelayConnection,
