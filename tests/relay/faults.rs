@@ -159,9 +159,9 @@ async fn cutter_connection(
 
 // ---- a process whose output is followed across faults -----------------------------------
 
-/// Lines the process prints: about 590 KB, more than a hundred records, less than the
-/// output a process retains for `process/read` (1 MiB).
-const LINES: usize = 100_000;
+/// Lines the process prints: about 230 KB (310 KB encoded), several records on the way,
+/// less than the output a process retains for `process/read` (1 MiB).
+const LINES: usize = 40_000;
 
 fn expected_output() -> Vec<u8> {
     (1..=LINES)
@@ -273,9 +273,9 @@ async fn cut_in_the_middle_of_a_frame(mode: Mode) {
     let stream = client.conn.stream_id().to_owned();
     cutter.wait_for_executor_connections(1).await;
 
-    // 100 KB into the executor's answer and the output (about 800 KB encoded), in the
-    // middle of whatever frame carries that byte.
-    cutter.cut_after(100_000);
+    // 60 KB into the executor's answer and the output, in the middle of whatever frame
+    // carries that byte.
+    cutter.cut_after(60_000);
     start_counting(&mut client).await;
     let mut followed = Followed::default();
     follow(&mut client, &mut followed).await;
