@@ -98,6 +98,14 @@ pub enum Command {
         /// trying remote mode on one machine; loopback addresses only.
         #[arg(long = "insecure-no-auth")]
         insecure_no_auth: bool,
+        /// Where the registry state lives (`rendezvous.store`): `memory`, or a Redis URL
+        /// shared by several nodes, e.g. `redis://10.0.0.5:6379/0`.
+        #[arg(long = "store", value_name = "URL")]
+        store: Option<String>,
+        /// This node's own public URL, where harnesses reach the environments it holds
+        /// (`rendezvous.node_url`).
+        #[arg(long = "node-url", value_name = "URL")]
+        node_url: Option<String>,
     },
     /// Print a shell completion script, e.g. `exec-server completions bash >
     /// /etc/bash_completion.d/exec-server`.
@@ -121,6 +129,17 @@ impl Cli {
         }) = &self.command
         {
             overrides.set("rendezvous.insecure_no_auth", true);
+        }
+        if let Some(Command::Rendezvous {
+            store, node_url, ..
+        }) = &self.command
+        {
+            if let Some(store) = store {
+                overrides.set("rendezvous.store", store.clone());
+            }
+            if let Some(url) = node_url {
+                overrides.set("rendezvous.node_url", url.clone());
+            }
         }
         if !self.listen.is_empty() {
             overrides.set("server.listen", self.listen.clone());

@@ -12,6 +12,7 @@ mod fixtures;
 mod harness;
 mod interop;
 mod limits;
+mod redis_nodes;
 mod registry;
 mod rendezvous;
 mod semantics;

@@ -262,6 +262,37 @@ impl Router {
         }
     }
 
+    /// The environments whose executor socket this process holds, with the registration
+    /// each serves (a shared store renews this node's lease on them).
+    pub fn held_executors(&self) -> Vec<(String, Epoch)> {
+        self.lock()
+            .iter()
+            .filter(|(_, env)| env.executor.is_some())
+            .map(|(id, env)| (id.clone(), env.epoch))
+            .collect()
+    }
+
+    /// The environment's executor attached to another node (RELAY §8.10): this node's
+    /// executor socket is closed as replaced (4002) and its harness sockets with 1001, so
+    /// harnesses reconnect, are sent to the new node and resume there. Routes are
+    /// forgotten without a Reset: the streams go on at the other node.
+    pub fn environment_moved(&self, env_id: &str) {
+        let Some(env) = self.lock().remove(env_id) else {
+            return;
+        };
+        if let Some(executor) = &env.executor {
+            executor.close(4002);
+        }
+        for socket in env.harness_sockets.values() {
+            socket.close(1001);
+        }
+        tracing::info!(
+            environment = %proto::truncate_for_log(env_id),
+            harness_sockets = env.harness_sockets.len(),
+            "environment moved to another node; its sockets here are closed"
+        );
+    }
+
     pub(crate) fn spawn_socket(
         &self,
         socket: WebSocket,

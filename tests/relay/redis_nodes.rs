@@ -1,0 +1,456 @@
+//! Several rendezvous nodes sharing one registry in Redis (`rendezvous.store`): every node
+//! answers registry calls, `connect` sends harnesses to the node holding the executor
+//! socket, a node killed with SIGKILL hands its executors to the others, and an
+//! unreachable Redis makes the nodes answer 503 until it is back.
+//!
+//! Each test starts its own `redis-server` on a unix socket in a temporary directory. When
+//! `redis-server` is not installed the tests print `SKIP: …` and pass, unless
+//! `EXEC_SERVER_REQUIRE_REDIS_TESTS=1` (set by `.ci/run`), which makes them fail.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use exec_server_relay_core::noise::NoiseIdentity;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+use super::fixtures::*;
+use crate::util::{http_body, http_get, STEP_TIMEOUT};
+
+/// A `redis-server` of one test, on a unix socket in its own directory.
+struct RedisServer {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// A running server, or `None` (after printing why) when `redis-server` is missing
+    /// and the tests are not required.
+    async fn start(test: &str) -> Option<Self> {
+        let installed = std::process::Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !installed {
+            let required = std::env::var("EXEC_SERVER_REQUIRE_REDIS_TESTS").as_deref() == Ok("1");
+            assert!(
+                !required,
+                "{test}: redis-server is not installed (apt-get install redis-server)"
+            );
+            println!("SKIP: {test}: redis-server is not installed");
+            return None;
+        }
+        let mut server = Self {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        server.launch().await;
+        Some(server)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// `rendezvous.store` for this server.
+    fn store_url(&self) -> String {
+        format!("unix://{}", self.socket().display())
+    }
+
+    /// Starts the server (again) on the same socket and data directory; the append-only
+    /// file brings back what it held.
+    async fn launch(&mut self) {
+        let _ = std::fs::remove_file(self.socket());
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--unixsocket"])
+            .arg(self.socket())
+            .args(["--unixsocketperm", "700", "--dir"])
+            .arg(self.dir.path())
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+        while !self.answers_ping().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "redis-server did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn answers_ping(&self) -> bool {
+        let Ok(mut socket) = tokio::net::UnixStream::connect(self.socket()).await else {
+            return false;
+        };
+        if socket.write_all(b"PING\r\n").await.is_err() {
+            return false;
+        }
+        let mut reply = [0u8; 7];
+        socket.read_exact(&mut reply).await.is_ok() && &reply == b"+PONG\r\n"
+    }
+
+    /// SIGKILL: Redis becomes unreachable at once.
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.unwrap();
+        }
+    }
+
+    /// `redis-cli` against this server; its output, trimmed.
+    fn cli(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli")
+            .arg("-s")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// The public URL of the node holding `environment`'s executor socket.
+    fn owner(&self, environment: &str) -> String {
+        self.cli(&[
+            "HGET",
+            &format!("exec-server:rendezvous:env:{environment}"),
+            "owner",
+        ])
+    }
+}
+
+/// `[rendezvous]` settings of a node of the deployment on `redis`.
+fn node_settings(redis: &RedisServer, extra: &str) -> String {
+    format!(
+        "store = \"{}\"\nnode_lease_secs = 3\n{extra}",
+        redis.store_url()
+    )
+}
+
+/// A TCP load balancer in front of the nodes: each connection goes to the next node in
+/// turn that accepts it, so a dead node is skipped.
+struct Balancer {
+    url: String,
+    nodes: Arc<Mutex<Vec<String>>>,
+}
+
+async fn start_balancer() -> Balancer {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let nodes: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let next = Arc::new(AtomicUsize::new(0));
+    let targets = Arc::clone(&nodes);
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let addrs: Vec<String> = targets.lock().unwrap().clone();
+            let first = next.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                for i in 0..addrs.len() {
+                    let addr = &addrs[(first + i) % addrs.len()];
+                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(addr).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Balancer { url, nodes }
+}
+
+impl Balancer {
+    fn add(&self, node: &Rendezvous) {
+        let addr = node.direct.trim_start_matches("http://").to_owned();
+        self.nodes.lock().unwrap().push(addr);
+    }
+}
+
+/// Waits until `node`'s `/readyz` answers `want`.
+async fn until_ready(node: &Rendezvous, want: u16) {
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let (status, _) = http_get(&node.direct, "/readyz", "").await;
+        if status == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz of {} stayed {status}, not {want}",
+            node.direct
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn register_on_one_node_connect_through_another_and_run_a_command() {
+    let Some(redis) = RedisServer::start("register_on_one_node_connect_through_another").await
+    else {
+        return;
+    };
+    let settings = node_settings(&redis, "");
+    let a = start_rendezvous_node(None, &settings).await;
+    let mut b = start_rendezvous_node(None, &settings).await;
+    let _executor = start_executor(&a.url, "env-multi");
+    // B answers connect for the environment A holds, with a URL on A.
+    let bundle = harness_bundle(&b.url, "env-multi").await;
+    let a_ws = a.direct.replacen("http://", "ws://", 1);
+    assert!(bundle.url.starts_with(&a_ws), "{} is on A", bundle.url);
+    assert_eq!(redis.owner("env-multi"), a.url);
+    // The same harness URL on B is refused, naming A.
+    let on_b = bundle
+        .url
+        .replacen(&a_ws, &b.direct.replacen("http://", "ws://", 1), 1);
+    let refused = tokio_tungstenite::connect_async(&on_b).await.unwrap_err();
+    let tokio_tungstenite::tungstenite::Error::Http(response) = refused else {
+        panic!("the upgrade on B was refused with a status: {refused}");
+    };
+    assert_eq!(response.status().as_u16(), 421);
+    let body = String::from_utf8(response.body().clone().unwrap_or_default()).unwrap();
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "wrong_node");
+    assert_eq!(body["error"]["node_url"], a.url.as_str());
+    // A harness that asks B runs a command on the executor held by A.
+    let mut client = RelayClient::open(harness_args(&b.url, "env-multi")).await;
+    let started = client
+        .call(
+            "process/start",
+            json!({
+                "processId": "multi-proc",
+                "argv": ["/bin/sh", "-c", "printf 'through-two-nodes\\n'"],
+                "cwd": "file:///tmp",
+                "env": {"PATH": "/usr/bin:/bin"},
+                "tty": false,
+            }),
+        )
+        .await;
+    assert_eq!(started["processId"], "multi-proc");
+    let (stdout, exit_code) = collect_process(&mut client, "multi-proc").await;
+    assert_eq!(String::from_utf8(stdout).unwrap(), "through-two-nodes\n");
+    assert_eq!(exit_code, Some(0));
+    // A node restarted loses nothing the store holds: B, killed and started again,
+    // still answers for the environment.
+    b.child.kill().await.unwrap();
+    let b2 = start_rendezvous_node(None, &settings).await;
+    let again = harness_bundle(&b2.url, "env-multi").await;
+    assert!(again.url.starts_with(&a_ws), "{}", again.url);
+    assert_eq!(
+        again.executor_registration_id,
+        bundle.executor_registration_id
+    );
+}
+
+/// Reads `process/output` until `process/closed`: stdout and the exit code.
+async fn collect_process(client: &mut RelayClient, process: &str) -> (Vec<u8>, Option<i64>) {
+    let mut stdout = Vec::new();
+    let mut exit_code = None;
+    loop {
+        let event = if client.pending.is_empty() {
+            client.next().await
+        } else {
+            client.pending.remove(0)
+        };
+        if event["params"]["processId"] != process {
+            continue;
+        }
+        match event["method"].as_str().unwrap_or_default() {
+            "process/output" if event["params"]["stream"] == "stdout" => {
+                stdout.extend(crate::util::b64decode(&event["params"]["chunk"]));
+            }
+            "process/exited" => exit_code = event["params"]["exitCode"].as_i64(),
+            "process/closed" => return (stdout, exit_code),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_node_killed_mid_session_hands_its_executor_to_another_and_the_stream_resumes() {
+    let Some(redis) = RedisServer::start("a_node_killed_mid_session").await else {
+        return;
+    };
+    let balancer = start_balancer().await;
+    let settings = node_settings(&redis, "");
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let node = start_rendezvous_node(Some(&balancer.url), &settings).await;
+        balancer.add(&node);
+        nodes.push(node);
+    }
+    let _executor = start_executor_with(
+        &balancer.url,
+        "env-failover",
+        "[relay]\nreconnect_initial_backoff_ms = 100\nreconnect_max_backoff_ms = 500\n",
+    );
+    let mut client = RelayClient::open(harness_args(&balancer.url, "env-failover")).await;
+    let lines = 300;
+    client
+        .call(
+            "process/start",
+            json!({
+                "processId": "counting",
+                "argv": ["/bin/sh", "-c", format!("i=0; while [ $i -lt {lines} ]; do echo line-$i; i=$((i+1)); sleep 0.01; done")],
+                "cwd": "file:///tmp",
+                "env": {"PATH": "/usr/bin:/bin"},
+                "tty": false,
+            }),
+        )
+        .await;
+    // Output flows; then the node holding the executor socket is killed.
+    let first = client.next().await;
+    assert_eq!(first["method"], "process/output", "{first}");
+    client.pending.push(first);
+    let owner = redis.owner("env-failover");
+    let held = nodes
+        .iter()
+        .position(|n| n.direct == owner)
+        .unwrap_or_else(|| panic!("the owner {owner} is one of the nodes, by its own URL"));
+    nodes[held].child.kill().await.unwrap();
+    let (stdout, exit_code) = collect_process(&mut client, "counting").await;
+    let expected: String = (0..lines).map(|i| format!("line-{i}\n")).collect();
+    assert_eq!(
+        String::from_utf8(stdout).unwrap(),
+        expected,
+        "every byte arrives once, in order"
+    );
+    assert_eq!(exit_code, Some(0));
+    let new_owner = redis.owner("env-failover");
+    assert_ne!(new_owner, owner, "another node holds the executor now");
+    assert!(nodes.iter().any(|n| n.direct == new_owner), "{new_owner}");
+    // The same stream goes on.
+    assert_eq!(
+        client.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_registrations_on_two_nodes_never_pass_the_shared_limit() {
+    let Some(redis) = RedisServer::start("concurrent_registrations_on_two_nodes").await else {
+        return;
+    };
+    let settings = node_settings(
+        &redis,
+        "max_environments = 50\nrate_limit_per_ip_burst = 1000\nrate_limit_per_tenant_burst = 1000",
+    );
+    let a = start_rendezvous_node(None, &settings).await;
+    let b = start_rendezvous_node(None, &settings).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let url = if i % 2 == 0 {
+            a.url.clone()
+        } else {
+            b.url.clone()
+        };
+        calls.spawn(async move {
+            let key = NoiseIdentity::generate().public();
+            let registry = registry_as(&url, EXECUTOR_TOKEN);
+            match registry.register(&format!("env-cap-{i}"), &key, None).await {
+                Ok(_) => 200,
+                Err(e) => e.status().unwrap_or(0),
+            }
+        });
+    }
+    let mut statuses = Vec::new();
+    while let Some(status) = calls.join_next().await {
+        statuses.push(status.unwrap());
+    }
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let full = statuses.iter().filter(|s| **s == 503).count();
+    assert_eq!((ok, full), (50, 150), "{statuses:?}");
+    assert_eq!(
+        redis.cli(&["GET", "exec-server:rendezvous:count:environments"]),
+        "50"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_makes_nodes_unready_and_they_recover_without_a_restart() {
+    let Some(mut redis) = RedisServer::start("an_unreachable_redis").await else {
+        return;
+    };
+    let settings = node_settings(&redis, "");
+    let a = start_rendezvous_node(None, &settings).await;
+    let b = start_rendezvous_node(None, &settings).await;
+    until_ready(&a, 200).await;
+    until_ready(&b, 200).await;
+    let key = NoiseIdentity::generate().public();
+    let on_a = registry_as(&a.url, EXECUTOR_TOKEN);
+    let first = on_a.register("env-outage", &key, None).await.unwrap();
+
+    redis.kill().await;
+    until_ready(&a, 503).await;
+    until_ready(&b, 503).await;
+    let on_b = registry_as(&b.url, EXECUTOR_TOKEN);
+    let refused = on_b.register("env-outage", &key, None).await.unwrap_err();
+    assert_eq!(refused.status(), Some(503));
+    assert!(
+        refused.to_string().contains("store_unavailable"),
+        "{refused}"
+    );
+    let harness_key = NoiseIdentity::generate().public();
+    let connect = registry_as(&a.url, HARNESS_TOKEN)
+        .connect("env-outage", &harness_key)
+        .await
+        .unwrap_err();
+    assert_eq!(connect.status(), Some(503));
+    // The failures are counted, the calls timed.
+    let bearer = format!("Authorization: Bearer {EXECUTOR_TOKEN}\r\n");
+    let (status, metrics) = http_body(&b.direct, "/metrics", &bearer).await;
+    assert_eq!(status, 200);
+    let errors = metric(&metrics, "exec_server_rendezvous_store_errors_total");
+    assert!(errors >= 1.0, "{metrics}");
+    assert!(
+        metric(
+            &metrics,
+            "exec_server_rendezvous_store_duration_seconds_count"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    let (status, _) = http_get(&b.direct, "/metrics", "").await;
+    assert_eq!(status, 401, "metrics need a token");
+
+    // Redis comes back with what it held: both nodes recover, nothing restarted.
+    redis.launch().await;
+    until_ready(&a, 200).await;
+    until_ready(&b, 200).await;
+    let again = on_b.register("env-outage", &key, None).await.unwrap();
+    assert_eq!(
+        again.executor_registration_id,
+        first.executor_registration_id
+    );
+    // The registration survived: connect finds it (no executor yet), not 404.
+    let waiting = registry_as(&b.url, HARNESS_TOKEN)
+        .connect("env-outage", &harness_key)
+        .await
+        .unwrap_err();
+    assert_eq!(waiting.status(), Some(503));
+    assert!(
+        waiting.to_string().contains("executor_unavailable"),
+        "{waiting}"
+    );
+    let other = NoiseIdentity::generate().public();
+    on_a.register("env-after", &other, None).await.unwrap();
+}
+
+/// The value of the series `name` (without labels beyond the store's) in `/metrics`.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
