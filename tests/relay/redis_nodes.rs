@@ -454,3 +454,128 @@ fn metric(text: &str, name: &str) -> f64 {
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+#[tokio::test]
+async fn a_dead_nodes_environments_are_released_when_its_lease_runs_out() {
+    let Some(redis) = RedisServer::start("a_dead_nodes_environments_are_released").await else {
+        return;
+    };
+    // Short registration TTL and grace, so the release is seen within the step timeout.
+    let settings = node_settings(&redis, "grace_secs = 1\nregistration_ttl_secs = 2");
+    let mut a = start_rendezvous_node(None, &settings).await;
+    let b = start_rendezvous_node(None, &settings).await;
+    let mut executor = start_executor(&a.url, "env-orphan");
+    harness_bundle(&b.url, "env-orphan").await;
+    assert_eq!(redis.owner("env-orphan"), a.url);
+    assert_eq!(
+        redis.cli(&["GET", "exec-server:rendezvous:count:environments"]),
+        "1"
+    );
+    // A dies first, so nobody reports the detach; then its executor, which could only
+    // have come back to A (its URL is A's): nobody takes the environment over.
+    a.child.kill().await.unwrap();
+    executor.kill().await.unwrap();
+    let harness = registry_as(&b.url, HARNESS_TOKEN);
+    let key = NoiseIdentity::generate().public();
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    let mut seen = Vec::new();
+    loop {
+        let status = match harness.connect("env-orphan", &key).await {
+            Ok(_) => 200,
+            Err(e) => e.status().unwrap_or(0),
+        };
+        if seen.last() != Some(&status) {
+            seen.push(status);
+        }
+        if status == 404 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dead node's environment was never released: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Held while A's lease ran, then (past the grace) unavailable, then deleted with its
+    // capacity given back.
+    assert_eq!(seen.first(), Some(&200), "{seen:?}");
+    assert!(seen.iter().all(|s| [200, 503, 404].contains(s)), "{seen:?}");
+    assert_eq!(
+        redis.cli(&["GET", "exec-server:rendezvous:count:environments"]),
+        "0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_follows_connect_to_the_node_holding_the_executor_before_and_after_a_node_dies() {
+    let test = "codex_follows_connect_to_the_node_holding_the_executor";
+    let Some(codex) = crate::codex::codex_bin(test) else {
+        return;
+    };
+    let Some(redis) = RedisServer::start(test).await else {
+        return;
+    };
+    let balancer = start_balancer().await;
+    let settings = node_settings(&redis, "");
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let node = start_rendezvous_node(Some(&balancer.url), &settings).await;
+        balancer.add(&node);
+        nodes.push(node);
+    }
+    let _executor = start_executor_with(
+        &balancer.url,
+        "env-codex-nodes",
+        "[relay]\nreconnect_initial_backoff_ms = 100\nreconnect_max_backoff_ms = 500\n",
+    );
+    harness_bundle(&balancer.url, "env-codex-nodes").await;
+    let home = crate::codex::CodexHome::new();
+    let work = tempfile::tempdir().unwrap();
+    let work_dir = std::fs::canonicalize(work.path()).unwrap();
+    let run_codex = |marker: &'static str| {
+        let (home, codex, work_dir, registry) = (&home, &codex, &work_dir, balancer.url.clone());
+        async move {
+            let model =
+                crate::codex::fake_model::FakeModel::start(&format!("printf ok > {marker}")).await;
+            home.use_model(&model.base_url);
+            let mut cmd = home.exec_turn(codex, work_dir);
+            cmd.env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", &registry)
+                .env("CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID", "env-codex-nodes")
+                .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", HARNESS_TOKEN);
+            let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+                .await
+                .expect("codex exec finishes")
+                .unwrap();
+            let context = format!(
+                "stdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(output.status.success(), "codex exec failed\n{context}");
+            assert_eq!(
+                std::fs::read_to_string(work_dir.join(marker)).unwrap_or_default(),
+                "ok",
+                "{context}"
+            );
+        }
+    };
+    // codex asks whichever node the balancer picks and follows the URL to the owner.
+    run_codex("before.txt").await;
+    let owner = redis.owner("env-codex-nodes");
+    let held = nodes
+        .iter()
+        .position(|n| n.direct == owner)
+        .unwrap_or_else(|| panic!("the owner {owner} is one of the nodes"));
+    nodes[held].child.kill().await.unwrap();
+    // The executor moves; codex reaches it on its new node.
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    while redis.owner("env-codex-nodes") == owner {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the executor never moved off the dead node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    run_codex("after.txt").await;
+    assert_ne!(redis.owner("env-codex-nodes"), owner);
+}

@@ -58,7 +58,7 @@ pub struct RedisStore {
     client: redis::Client,
     /// Connected on first use, so a node starts (not ready) while Redis is down; the
     /// manager reconnects by itself afterwards.
-    connection: tokio::sync::Mutex<Option<ConnectionManager>>,
+    connection: tokio::sync::Mutex<Connection>,
     /// This node's public URL, recorded as the owner of the executor sockets it holds.
     node: String,
     grace_ms: u64,
@@ -92,7 +92,7 @@ impl RedisStore {
             tokens,
             capacity,
             client,
-            connection: tokio::sync::Mutex::new(None),
+            connection: tokio::sync::Mutex::new(Connection::default()),
             node,
             grace_ms: config.grace_secs * 1000,
             ttl_ms: config.registration_ttl_secs * 1000,
@@ -106,23 +106,37 @@ impl RedisStore {
 
     async fn connection(&self) -> Result<ConnectionManager, String> {
         let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
+        if let Some(manager) = slot.manager.as_ref() {
+            return Ok(manager.clone());
+        }
+        if slot
+            .failed_at
+            .is_some_and(|at| at.elapsed() < RECONNECT_PAUSE)
+        {
+            return Err("Redis is unreachable".to_owned());
         }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(CONNECT_TIMEOUT)
             .set_response_timeout(CALL_TIMEOUT)
             .set_number_of_retries(1)
             .set_max_delay(500);
-        let manager = tokio::time::timeout(
+        let connected = tokio::time::timeout(
             CONNECT_TIMEOUT * 2,
             ConnectionManager::new_with_config(self.client.clone(), config),
         )
         .await
-        .map_err(|_| "connecting timed out".to_owned())?
-        .map_err(|e| describe(&e))?;
-        *slot = Some(manager.clone());
-        Ok(manager)
+        .map_err(|_| "connecting timed out".to_owned())
+        .and_then(|made| made.map_err(|e| describe(&e)));
+        match connected {
+            Ok(manager) => {
+                slot.manager = Some(manager.clone());
+                Ok(manager)
+            }
+            Err(problem) => {
+                slot.failed_at = Some(std::time::Instant::now());
+                Err(problem)
+            }
+        }
     }
 
     /// Runs `script` with the common arguments and then `args`; every call is timed, and
@@ -199,6 +213,17 @@ impl RedisStore {
         gauge
     }
 }
+
+/// The connection to Redis, or when the last attempt to make one failed.
+#[derive(Default)]
+struct Connection {
+    manager: Option<ConnectionManager>,
+    failed_at: Option<std::time::Instant>,
+}
+
+/// After a failed attempt to connect, calls fail at once for this long instead of each
+/// waiting for its own attempt.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 
 /// A Redis error in words, without the URL (which may hold a password).
 fn describe(error: &redis::RedisError) -> String {
