@@ -142,40 +142,158 @@ fn node_settings(redis: &RedisServer, extra: &str) -> String {
 }
 
 /// A TCP load balancer in front of the nodes: each connection goes to the next node in
-/// turn that accepts it, so a dead node is skipped.
+/// turn that accepts it, so a dead node is skipped; a drained node gets no new connections
+/// and loses the ones it has.
 struct Balancer {
     url: String,
     nodes: Arc<Mutex<Vec<String>>>,
+    drained: Arc<Mutex<Vec<String>>>,
+    /// Every proxied connection: the node it went to, and its task.
+    connections: Arc<Mutex<Vec<(String, tokio::task::AbortHandle)>>>,
 }
 
 async fn start_balancer() -> Balancer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let nodes: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let balancer = Balancer {
+        url: format!("http://{}", listener.local_addr().unwrap()),
+        nodes: Arc::default(),
+        drained: Arc::default(),
+        connections: Arc::default(),
+    };
     let next = Arc::new(AtomicUsize::new(0));
-    let targets = Arc::clone(&nodes);
+    let (nodes, drained, connections) = (
+        Arc::clone(&balancer.nodes),
+        Arc::clone(&balancer.drained),
+        Arc::clone(&balancer.connections),
+    );
     tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
-            let addrs: Vec<String> = targets.lock().unwrap().clone();
+            let addrs: Vec<String> = {
+                let drained = drained.lock().unwrap();
+                let nodes = nodes.lock().unwrap();
+                nodes
+                    .iter()
+                    .filter(|n| !drained.contains(n))
+                    .cloned()
+                    .collect()
+            };
             let first = next.fetch_add(1, Ordering::Relaxed);
+            let connections2 = Arc::clone(&connections);
             tokio::spawn(async move {
                 for i in 0..addrs.len() {
                     let addr = &addrs[(first + i) % addrs.len()];
                     if let Ok(mut upstream) = tokio::net::TcpStream::connect(addr).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        let task = tokio::spawn(async move {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        });
+                        connections2
+                            .lock()
+                            .unwrap()
+                            .push((addr.clone(), task.abort_handle()));
                         return;
                     }
                 }
             });
         }
     });
-    Balancer { url, nodes }
+    balancer
 }
 
 impl Balancer {
     fn add(&self, node: &Rendezvous) {
-        let addr = node.direct.trim_start_matches("http://").to_owned();
-        self.nodes.lock().unwrap().push(addr);
+        self.nodes.lock().unwrap().push(address(node));
+    }
+
+    /// `node` gets no new connections, and the ones through the balancer are cut.
+    fn drain(&self, node: &Rendezvous) {
+        let addr = address(node);
+        self.drained.lock().unwrap().push(addr.clone());
+        for (to, task) in self.connections.lock().unwrap().iter() {
+            if *to == addr {
+                task.abort();
+            }
+        }
+    }
+}
+
+fn address(node: &Rendezvous) -> String {
+    node.direct.trim_start_matches("http://").to_owned()
+}
+
+/// Three nodes behind a balancer, and an executor of `environment` that reconnects fast.
+async fn three_nodes_behind_a_balancer(
+    redis: &RedisServer,
+    environment: &str,
+) -> (Balancer, Vec<Rendezvous>, Executor) {
+    let balancer = start_balancer().await;
+    let settings = node_settings(redis, "");
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let node = start_rendezvous_node(Some(&balancer.url), &settings).await;
+        balancer.add(&node);
+        nodes.push(node);
+    }
+    let executor = start_executor_with(
+        &balancer.url,
+        environment,
+        "[relay]\nreconnect_initial_backoff_ms = 100\nreconnect_max_backoff_ms = 500\n",
+    );
+    (balancer, nodes, executor)
+}
+
+/// Starts a process printing `line-0` … `line-{lines-1}`, one every 10 ms, and waits for
+/// its first output.
+async fn start_counting(client: &mut RelayClient, lines: usize) {
+    client
+        .call(
+            "process/start",
+            json!({
+                "processId": "counting",
+                "argv": ["/bin/sh", "-c", format!("i=0; while [ $i -lt {lines} ]; do echo line-$i; i=$((i+1)); sleep 0.01; done")],
+                "cwd": "file:///tmp",
+                "env": {"PATH": "/usr/bin:/bin"},
+                "tty": false,
+            }),
+        )
+        .await;
+    let first = client.next().await;
+    assert_eq!(first["method"], "process/output", "{first}");
+    client.pending.push(first);
+}
+
+/// Reads the counting process to its end: every line once, in order, and exit code 0.
+async fn assert_counted(client: &mut RelayClient, lines: usize) {
+    let (stdout, exit_code) = collect_process(client, "counting").await;
+    let expected: String = (0..lines).map(|i| format!("line-{i}\n")).collect();
+    assert_eq!(
+        String::from_utf8(stdout).unwrap(),
+        expected,
+        "every byte arrives once, in order"
+    );
+    assert_eq!(exit_code, Some(0));
+}
+
+/// The node whose own URL is `owner`.
+fn node_at(nodes: &[Rendezvous], owner: &str) -> usize {
+    nodes
+        .iter()
+        .position(|n| n.direct == owner)
+        .unwrap_or_else(|| panic!("the owner {owner} is one of the nodes, by its own URL"))
+}
+
+/// Waits until another node than `old` holds `environment`'s executor; returns it.
+async fn until_moved(redis: &RedisServer, environment: &str, old: &str) -> String {
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let owner = redis.owner(environment);
+        if owner != old {
+            return owner;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the executor never moved off {old}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -283,58 +401,50 @@ async fn a_node_killed_mid_session_hands_its_executor_to_another_and_the_stream_
     let Some(redis) = RedisServer::start("a_node_killed_mid_session").await else {
         return;
     };
-    let balancer = start_balancer().await;
-    let settings = node_settings(&redis, "");
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        let node = start_rendezvous_node(Some(&balancer.url), &settings).await;
-        balancer.add(&node);
-        nodes.push(node);
-    }
-    let _executor = start_executor_with(
-        &balancer.url,
-        "env-failover",
-        "[relay]\nreconnect_initial_backoff_ms = 100\nreconnect_max_backoff_ms = 500\n",
-    );
+    let (balancer, mut nodes, _executor) =
+        three_nodes_behind_a_balancer(&redis, "env-failover").await;
     let mut client = RelayClient::open(harness_args(&balancer.url, "env-failover")).await;
     let lines = 300;
-    client
-        .call(
-            "process/start",
-            json!({
-                "processId": "counting",
-                "argv": ["/bin/sh", "-c", format!("i=0; while [ $i -lt {lines} ]; do echo line-$i; i=$((i+1)); sleep 0.01; done")],
-                "cwd": "file:///tmp",
-                "env": {"PATH": "/usr/bin:/bin"},
-                "tty": false,
-            }),
-        )
-        .await;
+    start_counting(&mut client, lines).await;
     // Output flows; then the node holding the executor socket is killed.
-    let first = client.next().await;
-    assert_eq!(first["method"], "process/output", "{first}");
-    client.pending.push(first);
     let owner = redis.owner("env-failover");
-    let held = nodes
-        .iter()
-        .position(|n| n.direct == owner)
-        .unwrap_or_else(|| panic!("the owner {owner} is one of the nodes, by its own URL"));
+    let held = node_at(&nodes, &owner);
     nodes[held].child.kill().await.unwrap();
-    let (stdout, exit_code) = collect_process(&mut client, "counting").await;
-    let expected: String = (0..lines).map(|i| format!("line-{i}\n")).collect();
-    assert_eq!(
-        String::from_utf8(stdout).unwrap(),
-        expected,
-        "every byte arrives once, in order"
-    );
-    assert_eq!(exit_code, Some(0));
+    assert_counted(&mut client, lines).await;
     let new_owner = redis.owner("env-failover");
     assert_ne!(new_owner, owner, "another node holds the executor now");
-    assert!(nodes.iter().any(|n| n.direct == new_owner), "{new_owner}");
+    node_at(&nodes, &new_owner);
     // The same stream goes on.
     assert_eq!(
         client.call("environment/status", json!({})).await["status"],
         "ready"
+    );
+}
+
+#[tokio::test]
+async fn an_executor_that_moves_off_a_live_node_takes_its_harnesses_along() {
+    let Some(redis) = RedisServer::start("an_executor_that_moves_off_a_live_node").await else {
+        return;
+    };
+    let (balancer, mut nodes, _executor) = three_nodes_behind_a_balancer(&redis, "env-move").await;
+    let mut client = RelayClient::open(harness_args(&balancer.url, "env-move")).await;
+    let lines = 300;
+    start_counting(&mut client, lines).await;
+    // The executor's connection to its node is cut; the node itself lives on, with the
+    // harness socket still open to it.
+    let owner = redis.owner("env-move");
+    let old = node_at(&nodes, &owner);
+    balancer.drain(&nodes[old]);
+    let new_owner = until_moved(&redis, "env-move", &owner).await;
+    assert_counted(&mut client, lines).await;
+    assert_eq!(
+        client.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+    assert_eq!(redis.owner("env-move"), new_owner);
+    assert!(
+        nodes[old].child.try_wait().unwrap().is_none(),
+        "the old node still runs"
     );
 }
 
@@ -515,19 +625,8 @@ async fn codex_follows_connect_to_the_node_holding_the_executor_before_and_after
     let Some(redis) = RedisServer::start(test).await else {
         return;
     };
-    let balancer = start_balancer().await;
-    let settings = node_settings(&redis, "");
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        let node = start_rendezvous_node(Some(&balancer.url), &settings).await;
-        balancer.add(&node);
-        nodes.push(node);
-    }
-    let _executor = start_executor_with(
-        &balancer.url,
-        "env-codex-nodes",
-        "[relay]\nreconnect_initial_backoff_ms = 100\nreconnect_max_backoff_ms = 500\n",
-    );
+    let (balancer, mut nodes, _executor) =
+        three_nodes_behind_a_balancer(&redis, "env-codex-nodes").await;
     harness_bundle(&balancer.url, "env-codex-nodes").await;
     let home = crate::codex::CodexHome::new();
     let work = tempfile::tempdir().unwrap();
@@ -562,20 +661,10 @@ async fn codex_follows_connect_to_the_node_holding_the_executor_before_and_after
     // codex asks whichever node the balancer picks and follows the URL to the owner.
     run_codex("before.txt").await;
     let owner = redis.owner("env-codex-nodes");
-    let held = nodes
-        .iter()
-        .position(|n| n.direct == owner)
-        .unwrap_or_else(|| panic!("the owner {owner} is one of the nodes"));
+    let held = node_at(&nodes, &owner);
     nodes[held].child.kill().await.unwrap();
     // The executor moves; codex reaches it on its new node.
-    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
-    while redis.owner("env-codex-nodes") == owner {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the executor never moved off the dead node"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_moved(&redis, "env-codex-nodes", &owner).await;
     run_codex("after.txt").await;
     assert_ne!(redis.owner("env-codex-nodes"), owner);
 }

@@ -225,9 +225,10 @@ impl Hub {
     }
 
     /// Renews this node's lease on the executor sockets it holds, in a store shared by
-    /// several nodes, and closes the sockets of environments it no longer holds.
+    /// several nodes, and closes the sockets of environments held elsewhere now (an
+    /// executor that left this node and attached to another leaves its harnesses here).
     pub async fn heartbeat(&self) {
-        let held = self.router.held_executors();
+        let held = self.router.held();
         if held.is_empty() {
             return;
         }

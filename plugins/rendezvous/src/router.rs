@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::memory::RecentIds;
-use crate::store::{Ended, Epoch, Removal};
+use crate::store::{Ended, Epoch, Held, Removal};
 
 /// Closed stream ids remembered per environment.
 const CLOSED_IDS: usize = 1_024;
@@ -262,13 +262,17 @@ impl Router {
         }
     }
 
-    /// The environments whose executor socket this process holds, with the registration
-    /// each serves (a shared store renews this node's lease on them).
-    pub fn held_executors(&self) -> Vec<(String, Epoch)> {
+    /// The environments this process has sockets or routes of, with the registration
+    /// they serve and whether it holds the executor socket (a shared store renews this
+    /// node's lease on those, and says which moved elsewhere).
+    pub fn held(&self) -> Vec<Held> {
         self.lock()
             .iter()
-            .filter(|(_, env)| env.executor.is_some())
-            .map(|(id, env)| (id.clone(), env.epoch))
+            .map(|(id, env)| Held {
+                environment: id.clone(),
+                epoch: env.epoch,
+                executor: env.executor.is_some(),
+            })
             .collect()
     }
 

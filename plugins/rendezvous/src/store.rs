@@ -126,8 +126,19 @@ pub enum UpgradeRefusal {
     Elsewhere(String),
 }
 
-/// An environment this node holds an executor socket for, that the store says it no
-/// longer holds (RELAY §8.10).
+/// An environment this node has sockets of (RELAY §8.10), as a heartbeat reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub environment: String,
+    /// The registration its sockets here belong to.
+    pub epoch: Epoch,
+    /// Whether this node holds its executor socket (else only harness sockets or parked
+    /// routes, waiting for the executor to come back).
+    pub executor: bool,
+}
+
+/// An environment this node has sockets of, that the store says it no longer holds
+/// (RELAY §8.10).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lost {
     /// The same registration's executor attached to another node: this node's sockets of
@@ -246,9 +257,10 @@ pub trait RendezvousStore: Send + Sync + 'static {
         None
     }
 
-    /// This node still holds the executor sockets of `held` (environment, registration
-    /// epoch): their lease is renewed. Answers the ones the store says it no longer holds.
-    async fn heartbeat(&self, _held: &[(String, Epoch)]) -> Result<Vec<Lost>, StoreUnavailable> {
+    /// This node still has the sockets of `held`: the lease on the executor sockets among
+    /// them is renewed. Answers the environments whose executor is (now) held elsewhere
+    /// or whose registration ended, so their sockets here are closed.
+    async fn heartbeat(&self, _held: &[Held]) -> Result<Vec<Lost>, StoreUnavailable> {
         Ok(Vec::new())
     }
 

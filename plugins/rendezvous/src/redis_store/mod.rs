@@ -32,7 +32,7 @@ use crate::capacity::{Capacity, Gauge};
 use crate::config::RendezvousConfig;
 use crate::signing::registration_id;
 use crate::store::{
-    Connectable, Ended, Epoch, HarnessLease, Lost, RegisterRefusal, Removal, RendezvousStore,
+    Connectable, Ended, Epoch, HarnessLease, Held, Lost, RegisterRefusal, Removal, RendezvousStore,
     StoreUnavailable, TenantId, TokenGrant, UpgradeRefusal,
 };
 use crate::store_url::redacted_url;
@@ -445,26 +445,27 @@ impl RendezvousStore for RedisStore {
         Some(self.lease / 3)
     }
 
-    async fn heartbeat(&self, held: &[(String, Epoch)]) -> Result<Vec<Lost>, StoreUnavailable> {
+    async fn heartbeat(&self, held: &[Held]) -> Result<Vec<Lost>, StoreUnavailable> {
         let mut lost = Vec::new();
         for batch in held.chunks(HEARTBEAT_BATCH) {
-            let epochs: Vec<String> = batch.iter().map(|(_, epoch)| epoch.to_string()).collect();
+            let epochs: Vec<String> = batch.iter().map(|h| h.epoch.to_string()).collect();
             let mut args: Vec<&str> = vec![&self.node];
-            for ((environment, _), epoch) in batch.iter().zip(&epochs) {
-                args.push(environment);
+            for (h, epoch) in batch.iter().zip(&epochs) {
+                args.push(&h.environment);
                 args.push(epoch);
+                args.push(if h.executor { "1" } else { "0" });
             }
             let reply = self.run(&self.scripts.heartbeat, &args).await?;
             for entry in items(&reply) {
                 let environment = field(entry, 0);
-                let Some((_, epoch)) = batch.iter().find(|(id, _)| *id == environment) else {
+                let Some(h) = batch.iter().find(|h| h.environment == environment) else {
                     continue;
                 };
                 lost.push(match field(entry, 1).as_str() {
                     "moved" => Lost::Moved(environment),
                     _ => Lost::Ended(Ended {
                         environment,
-                        epoch: *epoch,
+                        epoch: h.epoch,
                         why: Removal::Replaced,
                     }),
                 });
