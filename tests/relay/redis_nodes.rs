@@ -668,3 +668,23 @@ async fn codex_follows_connect_to_the_node_holding_the_executor_before_and_after
     run_codex("after.txt").await;
     assert_ne!(redis.owner("env-codex-nodes"), owner);
 }
+
+#[tokio::test]
+async fn a_node_on_a_shared_store_needs_the_deployments_signing_key() {
+    let config = crate::util::config_file(&format!(
+        "[rendezvous]\nstore = \"unix:///nonexistent/redis.sock\"\n\n[[rendezvous.tokens]]\nname = \"executors\"\nsha256 = \"{}\"\nrole = \"executor\"\n",
+        sha256_hex(EXECUTOR_TOKEN)
+    ));
+    let out = crate::util::server_command(&["rendezvous", "--config", config.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .env_remove("EXEC_SERVER_RENDEZVOUS_SIGNING_KEY")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("EXEC_SERVER_RENDEZVOUS_SIGNING_KEY"),
+        "{stderr}"
+    );
+}

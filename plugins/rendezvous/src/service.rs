@@ -117,6 +117,10 @@ pub enum StartError {
         "rendezvous.insecure_no_auth accepts any bearer token, so it is refused on the non-loopback address {0}; configure [[rendezvous.tokens]]"
     )]
     NoAuthOffLoopback(SocketAddr),
+    #[error(
+        "rendezvous.store is shared by several nodes, which must sign with one key: set rendezvous.signing_key_file or EXEC_SERVER_RENDEZVOUS_SIGNING_KEY on every node"
+    )]
+    SharedStoreNeedsKey,
     #[error("rendezvous.node_url must be http(s)://host[:port][/prefix], got `{0}`")]
     NodeUrl(String),
     #[error("failed to bind {addr}: {source}")]
@@ -178,6 +182,10 @@ fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, StartError>
     // Captured and erased from the environment at start-up.
     if let Some(text) = secret_env::secret_variable(SIGNING_KEY_ENV) {
         return Ok(SigningKey::from_base64(text.expose())?);
+    }
+    if config.store != "memory" {
+        // Every node must verify what any other signed.
+        return Err(StartError::SharedStoreNeedsKey);
     }
     tracing::warn!(
         "no rendezvous signing key configured; generated one for this run: URLs and authorizations will not survive a restart"
