@@ -65,14 +65,14 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
         rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
     }
     if [
-        "register_memory",
-        "connect_memory",
-        "connect_latency_memory",
-        "register_redis",
-        "register_redis_2",
-        "connect_redis",
-        "connect_redis_2",
-        "connect_latency_redis",
+        "reg_memory",
+        "conn_memory",
+        "conn_us_mem",
+        "reg_redis",
+        "reg_redis_2",
+        "conn_redis",
+        "conn_redis_2",
+        "conn_us_redis",
     ]
     .iter()
     .any(|k| wanted(k))
