@@ -359,13 +359,7 @@ async fn readyz(State(service): State<Arc<Service>>) -> StatusCode {
 
 /// The process's metrics (Prometheus text), for any configured bearer token.
 async fn metrics(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim().to_owned());
-    let known = match token {
+    let known = match bearer_token(&headers) {
         Some(token) => service
             .hub
             .authenticate(&token_digest(&token))
@@ -470,6 +464,16 @@ fn limited(limited: Limited, environment: &str) -> Response {
     refusal_response(&limited.refusal)
 }
 
+/// The request's `Authorization: Bearer` token.
+fn bearer_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().to_owned())
+}
+
 fn environment_matches(patterns: &[String], id: &str) -> bool {
     patterns.iter().any(|p| {
         p == "*"
@@ -488,12 +492,7 @@ impl Service {
         needs: TokenRole,
         id: &str,
     ) -> Result<TokenGrant, Response> {
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim().to_owned());
+        let token = bearer_token(headers);
         let unauthorized = || {
             error(
                 id,
