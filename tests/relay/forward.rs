@@ -98,10 +98,16 @@ impl Forward {
     }
 }
 
-/// Our local WebSocket server with [`MARK`] set to `mark`, plus `args`.
+/// Our local WebSocket server with [`MARK`] set to `mark`, plus `args`, taking frames of
+/// at most 9 MiB.
 async fn our_destination(mark: &str, args: &[&str]) -> WsServer {
     let mut cmd = server_command(&[&["--listen", "ws://127.0.0.1:0"], args].concat());
-    cmd.env(MARK, mark);
+    // Frames above 9 MiB are refused: a 12 MiB message arrives only in the forward's
+    // 8 MiB fragments.
+    cmd.env(MARK, mark).env(
+        "EXEC_SERVER_WEBSOCKET__MAX_FRAME_BYTES",
+        (9 << 20).to_string(),
+    );
     WsServer::start_with(cmd).await
 }
 
@@ -160,9 +166,18 @@ async fn fs_round_trip(client: &ExecServerClient, path: impl Fn(&std::path::Path
         .map(|i| (i * 7 % 251) as u8)
         .collect();
     let big_path = dir.path().join("big.bin");
-    client.write_file(&path(&big_path), &big).await.unwrap();
+    // The client resends across reconnects: a message that cannot cross would be tried
+    // for ever, so the guard turns that into a failure.
+    tokio::time::timeout(STEP_TIMEOUT, client.write_file(&path(&big_path), &big))
+        .await
+        .expect("a 12 MiB message crosses the forward")
+        .unwrap();
     assert!(std::fs::read(&big_path).unwrap() == big);
-    assert!(client.read_file(&path(&big_path)).await.unwrap() == big);
+    let read = tokio::time::timeout(STEP_TIMEOUT, client.read_file(&path(&big_path)))
+        .await
+        .expect("a 12 MiB answer crosses the forward")
+        .unwrap();
+    assert!(read == big);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,4 +471,57 @@ async fn codex_forward_fronts_our_local_server_for_our_harness() {
     let info = client.environment_info().await.unwrap();
     assert_eq!(info.executor_version, env!("CARGO_PKG_VERSION"));
     fs_round_trip(&client, |p| p.display().to_string()).await;
+}
+
+#[tokio::test]
+async fn forward_refuses_a_destination_that_is_not_a_websocket_url() {
+    for (args, expected) in [
+        (
+            vec!["--connect", "http://127.0.0.1:9"],
+            "forward destination must be a ws:// or wss:// URL",
+        ),
+        (
+            vec!["--connect", "ws://"],
+            "forward destination must be a ws:// or wss:// URL",
+        ),
+    ] {
+        let mut cmd = server_command(
+            &[
+                &[
+                    "forward",
+                    "--remote",
+                    "http://127.0.0.1:9",
+                    "--environment-id",
+                    "env-x",
+                ][..],
+                &args,
+            ]
+            .concat(),
+        );
+        cmd.env("EXEC_SERVER_RELAY_TOKEN", EXECUTOR_TOKEN)
+            .stderr(Stdio::piped());
+        let output = tokio::time::timeout(STEP_TIMEOUT, cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stderr).trim(), expected);
+    }
+    // The same check for the configuration key.
+    let config = crate::util::config_file(
+        "[relay]\nurl = \"http://127.0.0.1:9\"\nenvironment_id = \"env-x\"\nforward_url = \"tcp://127.0.0.1:9\"\n",
+    );
+    let mut cmd = server_command(&["--config", config.to_str().unwrap()]);
+    cmd.env("EXEC_SERVER_RELAY_TOKEN", EXECUTOR_TOKEN)
+        .stderr(Stdio::piped());
+    let output = tokio::time::timeout(STEP_TIMEOUT, cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("relay.forward_url forward destination must be a ws:// or wss:// URL"),
+        "{stderr}"
+    );
 }
