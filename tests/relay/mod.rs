@@ -9,6 +9,7 @@ mod codex_executor;
 mod codex_harness;
 mod executor;
 mod fixtures;
+mod forward;
 mod harness;
 mod interop;
 mod limits;
