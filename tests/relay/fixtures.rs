@@ -69,12 +69,18 @@ impl Rendezvous {
 
 /// A rendezvous whose stderr (at `warn`) is kept in [`Rendezvous::log`].
 pub(crate) async fn start_rendezvous_logged() -> Rendezvous {
-    start_rendezvous_inner(None, "", true, None).await
+    start_rendezvous_inner(None, "", true, false, None).await
 }
 
 /// A logged rendezvous serving TLS itself with these PEM files (`--listen https://…`).
 pub(crate) async fn start_tls_rendezvous(cert: &Path, key: &Path) -> Rendezvous {
-    start_rendezvous_inner(None, "", true, Some((cert, key))).await
+    start_rendezvous_inner(None, "", true, false, Some((cert, key))).await
+}
+
+/// One node of a deployment of several: `settings` name the shared store, `public_url`
+/// is the deployment's URL, and the node's own URL (`--node-url`) is its listen address.
+pub(crate) async fn start_rendezvous_node(public_url: Option<&str>, settings: &str) -> Rendezvous {
+    start_rendezvous_inner(public_url, settings, false, true, None).await
 }
 
 pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
@@ -83,13 +89,14 @@ pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
 
 /// A rendezvous whose `[rendezvous]` table also holds `settings` (small limits, short grace).
 pub(crate) async fn start_rendezvous_with(public_url: Option<&str>, settings: &str) -> Rendezvous {
-    start_rendezvous_inner(public_url, settings, false, None).await
+    start_rendezvous_inner(public_url, settings, false, false, None).await
 }
 
 async fn start_rendezvous_inner(
     public_url: Option<&str>,
     settings: &str,
     capture_log: bool,
+    node_url: bool,
     tls: Option<(&Path, &Path)>,
 ) -> Rendezvous {
     // A free port, so the direct URL is known even when a public URL is printed.
@@ -123,6 +130,9 @@ role = "harness"
     let mut args = vec!["rendezvous", "--config", &path, "--listen", &listen];
     if let Some(url) = public_url {
         args.extend(["--public-url", url]);
+    }
+    if node_url {
+        args.extend(["--node-url", &listen]);
     }
     let tls_files = tls.map(|(cert, key)| (cert.display().to_string(), key.display().to_string()));
     if let Some((cert, key)) = &tls_files {
