@@ -7,14 +7,13 @@
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use exec_server_client::proto::process::StartParams;
 use exec_server_client::relay::harness::{RelayConnectArgs, RelayError};
 use exec_server_client::relay::proto::{self as frames, Body};
 use exec_server_client::relay::registry::SecretString;
 use exec_server_client::{ClientOptions, ExecServerClient};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 
 use super::fixtures::*;
 use super::tls::Pki;
@@ -106,16 +105,7 @@ impl CodexExecutor {
             .await
             .unwrap();
         stdin.flush().await.unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&stderr);
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut text = sink.lock().unwrap();
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
+        let stderr = capture_stderr(&mut child);
         Self {
             _child: child,
             _stdin: stdin,
@@ -128,15 +118,7 @@ impl CodexExecutor {
     }
 
     async fn wait_for_log(&self, line: &str) {
-        let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
-        while !self.log().contains(line) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "codex never logged {line:?}; its stderr:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_log(&self.stderr, line, 1).await;
     }
 }
 

@@ -14,7 +14,6 @@ use exec_server_client::relay::harness::RelayConnectArgs;
 use exec_server_client::relay::registry::SecretString;
 use exec_server_client::{ClientOptions, ExecServerClient};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 
 use super::codex_executor::{kill_process_group, CodexExecutor};
@@ -59,16 +58,7 @@ impl Forward {
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn exec-server forward");
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&log);
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut text = sink.lock().unwrap();
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
+        let log = capture_stderr(&mut child);
         harness_bundle(&rdv.direct, environment).await;
         Self { child, log }
     }
@@ -78,15 +68,7 @@ impl Forward {
     }
 
     async fn wait_for_log(&self, text: &str) {
-        let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
-        while !self.log().contains(text) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "forward never logged {text:?}; its stderr:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_log(&self.log, text, 1).await;
     }
 
     fn assert_running(&mut self) {
