@@ -334,7 +334,13 @@ pub async fn pty_out() -> Row {
 
 pub async fn rss_per_proc(budget: Budget) -> Row {
     crate::rows::memory::raise_fd_limit();
-    let server = WsProcess::exec_server(&[]).await;
+    // One session holds them all: lift its process quota above the row's count.
+    let quota = (budget.memory_units + 16).to_string();
+    let server = WsProcess::exec_server_with_env(
+        &[],
+        &[("EXEC_SERVER_PROCESS__MAX_PROCESSES_PER_SESSION", &quota)],
+    )
+    .await;
     let mut ws = wire::ws_connect(&server.url).await;
     wire::handshake(&mut ws).await;
     // One process first, so lazily created machinery (spawner thread, stacks) is counted
