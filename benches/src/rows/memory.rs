@@ -56,6 +56,9 @@ pub const CONNECTIONS: [(&str, &str, usize); 3] = [
 
 /// Enough connections for the largest row, with the usual headroom.
 const MAX_CONNECTIONS: &str = "20000";
+/// A closed connection's session is kept for a resume this long; short here, so that
+/// `rss_closed` sees the memory of connections and sessions both given back.
+const DETACHED_TTL_MS: &str = "200";
 
 /// What opening `count` idle connections to `server` costs: the RSS before (after one
 /// connection came and went, so lazily made machinery is in the baseline), the extra
@@ -72,8 +75,8 @@ async fn per_connection(server: &WsProcess, count: usize) -> (f64, f64, f64) {
     }
     let during = settled_rss(pid).await;
     drop(connections);
-    // Closing 10,000 connections takes the server a moment; let it finish.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // Closing 10,000 connections and expiring their sessions takes the server a moment.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let after = settled_rss(pid).await;
     (before, (during - before) / count as f64, after)
 }
@@ -89,7 +92,10 @@ pub async fn rss_per_conn(wanted: impl Fn(&str) -> bool) -> Vec<Row> {
         }
         let server = WsProcess::exec_server_with_env(
             &[],
-            &[("EXEC_SERVER_LISTENER__MAX_CONNECTIONS", MAX_CONNECTIONS)],
+            &[
+                ("EXEC_SERVER_LISTENER__MAX_CONNECTIONS", MAX_CONNECTIONS),
+                ("EXEC_SERVER_SESSION__DETACHED_TTL_MS", DETACHED_TTL_MS),
+            ],
         )
         .await;
         let (before, per_conn, after) = per_connection(&server, count).await;
@@ -112,7 +118,7 @@ pub async fn rss_per_conn(wanted: impl Fn(&str) -> bool) -> Vec<Row> {
         if count == 10_000 {
             rows.push(Row {
                 key: "rss_closed",
-                what: "server RSS once the 10,000 connections closed (floor: before)",
+                what: "server RSS once the 10,000 connections and sessions ended (floor: before)",
                 unit: Unit::KiB,
                 median: after,
                 p99: None,
