@@ -98,7 +98,19 @@ pub enum Command {
         /// trying remote mode on one machine; loopback addresses only.
         #[arg(long = "insecure-no-auth")]
         insecure_no_auth: bool,
+        /// Where the registry state lives (`rendezvous.store`): `memory`, or a Redis URL
+        /// shared by several nodes, e.g. `redis://10.0.0.5:6379/0`.
+        #[arg(long = "store", value_name = "URL")]
+        store: Option<String>,
+        /// This node's own public URL, where harnesses reach the environments it holds
+        /// (`rendezvous.node_url`).
+        #[arg(long = "node-url", value_name = "URL")]
+        node_url: Option<String>,
     },
+    /// Register with a relay registry like `--remote`, and copy each harness stream to its
+    /// own WebSocket connection to a local exec-server (`--connect`), as codex's `exec-server
+    /// forward`.
+    Forward(ForwardArgs),
     /// Print a shell completion script, e.g. `exec-server completions bash >
     /// /etc/bash_completion.d/exec-server`.
     Completions {
@@ -107,6 +119,63 @@ pub enum Command {
     },
     /// Print the manual page (roff), e.g. `exec-server man | man -l -`.
     Man,
+}
+
+/// Arguments of `exec-server forward`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ForwardArgs {
+    /// The relay registry base URL (`relay.url`).
+    #[arg(long = "remote", value_name = "URL")]
+    pub remote: String,
+
+    /// The environment to serve (`relay.environment_id`).
+    #[arg(long = "environment-id", alias = "executor-id", value_name = "ID")]
+    pub environment_id: String,
+
+    /// The exec-server every stream is forwarded to: `ws://HOST:PORT` or `wss://…`
+    /// (`relay.forward_url`). One WebSocket connection per stream, opened when the stream
+    /// starts; a destination that is down closes that stream only.
+    #[arg(long = "connect", value_name = "URL")]
+    pub connect: String,
+
+    /// Bearer token file (owner-only) for a destination started with `--ws-auth
+    /// capability-token` (`relay.forward_bearer_token_file`).
+    #[arg(long = "connect-bearer-token-file", value_name = "PATH")]
+    pub connect_bearer_token_file: Option<PathBuf>,
+
+    /// Read the registry bearer token from the first line of stdin (`relay.token_stdin`).
+    /// Otherwise it comes from `relay.token_file` or EXEC_SERVER_RELAY_TOKEN, as for
+    /// `--remote`.
+    #[arg(long = "registration-bearer-stdin")]
+    pub registration_bearer_stdin: bool,
+
+    /// A display name sent when registering (`relay.name`).
+    #[arg(long = "name", value_name = "NAME")]
+    pub name: Option<String>,
+}
+
+impl ForwardArgs {
+    fn overrides(&self, overrides: &mut CliOverrides) -> Result<(), String> {
+        exec_server_relay::forward::check_destination(&self.connect).map_err(str::to_owned)?;
+        overrides.set("relay.url", self.remote.clone());
+        overrides.set("relay.environment_id", self.environment_id.clone());
+        overrides.set("relay.forward_url", self.connect.clone());
+        if let Some(path) = &self.connect_bearer_token_file {
+            overrides.set(
+                "relay.forward_bearer_token_file",
+                path.display().to_string(),
+            );
+        }
+        if self.registration_bearer_stdin {
+            overrides.set("relay.token_stdin", true);
+        }
+        if let Some(name) = &self.name {
+            overrides.set("relay.name", name.clone());
+        }
+        // A forwarder serves nothing itself: no local listener, whatever the config says.
+        overrides.set("server.listen", Vec::<String>::new());
+        Ok(())
+    }
 }
 
 impl Cli {
@@ -121,6 +190,17 @@ impl Cli {
         }) = &self.command
         {
             overrides.set("rendezvous.insecure_no_auth", true);
+        }
+        if let Some(Command::Rendezvous {
+            store, node_url, ..
+        }) = &self.command
+        {
+            if let Some(store) = store {
+                overrides.set("rendezvous.store", store.clone());
+            }
+            if let Some(url) = node_url {
+                overrides.set("rendezvous.node_url", url.clone());
+            }
         }
         if !self.listen.is_empty() {
             overrides.set("server.listen", self.listen.clone());
@@ -141,6 +221,12 @@ impl Cli {
                 );
             }
             overrides.set("relay.token_stdin", true);
+        }
+        if let Some(Command::Forward(forward)) = &self.command {
+            if !self.listen.is_empty() {
+                return Err("`forward` does not listen locally; drop `--listen`".into());
+            }
+            forward.overrides(&mut overrides)?;
         }
         Ok(overrides)
     }

@@ -163,7 +163,7 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
             runtime.shutdown_background();
             Ok(served?)
         }
-        None => serve(source, core),
+        Some(cli::Command::Forward(_)) | None => serve(source, core),
     }
 }
 

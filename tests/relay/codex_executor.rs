@@ -25,8 +25,9 @@ const REGISTERED: &str = "Noise executor registration completed";
 const CONNECTED: &str = "Noise executor connected to rendezvous";
 const HANDSHAKE_DONE: &str = "Noise executor handshake completed";
 
-/// A running codex executor and everything it printed on stderr.
-struct CodexExecutor {
+/// A running codex executor (or `codex exec-server forward`) and everything it printed on
+/// stderr.
+pub(super) struct CodexExecutor {
     _child: tokio::process::Child,
     /// Held open: codex reads its bearer from it, and a closed stdin is no signal here.
     _stdin: tokio::process::ChildStdin,
@@ -40,20 +41,39 @@ impl CodexExecutor {
         registry: &str,
         environment: &str,
     ) -> Self {
+        let executor = Self::spawn(bin, home, registry, environment, &[]).await;
+        executor.wait_for_log(REGISTERED).await;
+        executor.wait_for_log(CONNECTED).await;
+        executor
+    }
+
+    /// `codex exec-server <subcommand…> --remote … --registration-bearer-stdin`, with the
+    /// executor token written to its stdin; does not wait for it to register.
+    pub(super) async fn spawn(
+        bin: &std::path::Path,
+        home: &CodexHome,
+        registry: &str,
+        environment: &str,
+        subcommand: &[&str],
+    ) -> Self {
         let mut cmd = home.command(bin);
-        cmd.args([
-            "exec-server",
-            "--remote",
-            registry,
-            "--environment-id",
-            environment,
-            "--registration-bearer-stdin",
-        ])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        cmd.arg("exec-server")
+            .args(subcommand)
+            .args([
+                "--remote",
+                registry,
+                "--environment-id",
+                environment,
+                "--registration-bearer-stdin",
+            ])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            // Its own process group, so that dropping it ends codex's launcher and the
+            // binary it starts together (see `Drop`).
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn codex exec-server");
         let mut stdin = child.stdin.take().unwrap();
         stdin
@@ -71,17 +91,14 @@ impl CodexExecutor {
                 text.push('\n');
             }
         });
-        let executor = Self {
+        Self {
             _child: child,
             _stdin: stdin,
             stderr,
-        };
-        executor.wait_for_log(REGISTERED).await;
-        executor.wait_for_log(CONNECTED).await;
-        executor
+        }
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
 
@@ -94,6 +111,23 @@ impl CodexExecutor {
                 self.log()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for CodexExecutor {
+    fn drop(&mut self) {
+        kill_process_group(&self._child);
+    }
+}
+
+/// Kills the process group `child` leads: the `codex` launcher runs the real binary as its
+/// child, which outlives a kill of the launcher alone.
+pub(super) fn kill_process_group(child: &tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: a plain kill(2) of a group this test created; no memory is involved.
+        unsafe {
+            libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
         }
     }
 }

@@ -51,7 +51,13 @@ pub(crate) struct Rendezvous {
 
 /// A rendezvous whose stderr (at `warn`) is kept in [`Rendezvous::log`].
 pub(crate) async fn start_rendezvous_logged() -> Rendezvous {
-    start_rendezvous_inner(None, "", true).await
+    start_rendezvous_inner(None, "", true, false).await
+}
+
+/// One node of a deployment of several: `settings` name the shared store, `public_url`
+/// is the deployment's URL, and the node's own URL (`--node-url`) is its listen address.
+pub(crate) async fn start_rendezvous_node(public_url: Option<&str>, settings: &str) -> Rendezvous {
+    start_rendezvous_inner(public_url, settings, false, true).await
 }
 
 pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
@@ -60,13 +66,14 @@ pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
 
 /// A rendezvous whose `[rendezvous]` table also holds `settings` (small limits, short grace).
 pub(crate) async fn start_rendezvous_with(public_url: Option<&str>, settings: &str) -> Rendezvous {
-    start_rendezvous_inner(public_url, settings, false).await
+    start_rendezvous_inner(public_url, settings, false, false).await
 }
 
 async fn start_rendezvous_inner(
     public_url: Option<&str>,
     settings: &str,
     capture_log: bool,
+    node_url: bool,
 ) -> Rendezvous {
     // A free port, so the direct URL is known even when a public URL is printed.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -98,6 +105,9 @@ role = "harness"
     let mut args = vec!["rendezvous", "--config", &path, "--listen", &listen];
     if let Some(url) = public_url {
         args.extend(["--public-url", url]);
+    }
+    if node_url {
+        args.extend(["--node-url", &listen]);
     }
     let mut cmd = server_command(&args);
     cmd.env(

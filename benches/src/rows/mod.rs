@@ -5,6 +5,7 @@ mod fair_process;
 mod fs;
 mod memory;
 mod process;
+mod registry;
 mod relay;
 mod rps;
 mod rtt;
@@ -82,6 +83,21 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
             ws_connect: relay::local_connect(budget).await,
         };
         rows.extend(relay::relay_rows(budget, floors, &wanted).await);
+    }
+    if [
+        "reg_memory",
+        "conn_memory",
+        "conn_us_mem",
+        "reg_redis",
+        "reg_redis_2",
+        "conn_redis",
+        "conn_redis_2",
+        "conn_us_redis",
+    ]
+    .iter()
+    .any(|k| wanted(k))
+    {
+        rows.extend(registry::registry_rows(budget).await);
     }
     if wanted("handshake_ik") || wanted("handshake_hybrid") {
         rows.extend(relay::handshake_rows(budget));

@@ -64,6 +64,12 @@ pub struct RelayConfig {
     pub max_failed_handshakes: usize,
     pub inbound_queue_messages: usize,
     pub inbound_queue_bytes: usize,
+    /// Forward mode (`exec-server forward --connect`): each stream is copied to its own
+    /// WebSocket to this `ws://` or `wss://` exec-server instead of being served here.
+    pub forward_url: Option<String>,
+    /// Bearer token for the forward destination's upgrade (owner-only file), for a
+    /// destination that requires one (`--ws-auth capability-token`).
+    pub forward_bearer_token_file: Option<PathBuf>,
 }
 
 impl Default for RelayConfig {
@@ -95,6 +101,8 @@ impl Default for RelayConfig {
             max_failed_handshakes: 8,
             inbound_queue_messages: 128,
             inbound_queue_bytes: 16_777_216,
+            forward_url: None,
+            forward_bearer_token_file: None,
         }
     }
 }
@@ -271,7 +279,62 @@ impl RelayConfig {
             check_secret_file_mode(path)
                 .map_err(|e| source.invalid("relay.token_file", e.describe(path)))?;
         }
+        relay.check_forward(source)?;
         Ok(relay)
+    }
+
+    fn check_forward(&self, source: &ConfigSource) -> Result<(), ConfigError> {
+        if let Some(url) = &self.forward_url {
+            if self.url.is_none() {
+                return Err(
+                    source.invalid("relay.forward_url", "is set without relay.url (--remote)")
+                );
+            }
+            crate::forward::check_destination(url)
+                .map_err(|problem| source.invalid("relay.forward_url", problem))?;
+        } else if self.forward_bearer_token_file.is_some() {
+            return Err(source.invalid(
+                "relay.forward_bearer_token_file",
+                "is set without relay.forward_url (--connect)",
+            ));
+        }
+        if let Some(path) = &self.forward_bearer_token_file {
+            check_secret_file_mode(path)
+                .map_err(|e| source.invalid("relay.forward_bearer_token_file", e.describe(path)))?;
+        }
+        Ok(())
+    }
+
+    /// Forward mode's destination, with its bearer read from its file; `None` when
+    /// streams are served here.
+    pub fn forward_target(
+        &self,
+        max_message_bytes: usize,
+    ) -> Result<Option<crate::forward::ForwardTarget>, String> {
+        let Some(url) = &self.forward_url else {
+            return Ok(None);
+        };
+        let bearer = match &self.forward_bearer_token_file {
+            None => None,
+            Some(path) => {
+                let token = read_token_file(path).map_err(|e| {
+                    format!(
+                        "invalid config: relay.forward_bearer_token_file {}",
+                        e.describe(path)
+                    )
+                })?;
+                if token.is_empty() {
+                    return Err(format!(
+                        "relay.forward_bearer_token_file {} is empty",
+                        path.display()
+                    ));
+                }
+                Some(token)
+            }
+        };
+        crate::forward::ForwardTarget::new(url, bearer, max_message_bytes)
+            .map(Some)
+            .map_err(str::to_owned)
     }
 
     /// True when remote mode is switched on.

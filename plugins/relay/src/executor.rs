@@ -1,5 +1,6 @@
 //! Executor mode (RELAY §3.5, §6, §7.6, §9.1): register, keep one rendezvous socket,
-//! admit handshakes through `/validate`, and run one JSON-RPC connection per stream.
+//! admit handshakes through `/validate`, and run one JSON-RPC connection per stream — or,
+//! in forward mode, hand each stream to a destination WebSocket ([`crate::forward`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -32,6 +33,7 @@ use exec_server_relay_core::registry::{RegistryClient, RegistryError};
 use exec_server_relay_core::reliable::{ReliableStream, Role, Semantics, StreamLimits, Timing};
 
 use crate::config::RelayConfig;
+use crate::forward::ForwardTarget;
 
 exec_server_core::inventory::submit! {
     exec_server_core::ConfiguredTransport { name: "relay", open: open_relay }
@@ -72,7 +74,19 @@ fn open_relay(
         Duration::from_millis(config.request_timeout_ms),
         config.allow_insecure,
     );
-    let executor = Executor::new(config, registry, Arc::clone(server), Timing::default());
+    let forward = config
+        .forward_target(server.core.limits.max_message_bytes)
+        .map_err(StartupError)?;
+    if let Some(target) = &forward {
+        tracing::info!(destination = %target.display_url(), "forwarding each relay stream");
+    }
+    let executor = Executor::new(
+        config,
+        registry,
+        Arc::clone(server),
+        Timing::default(),
+        forward,
+    );
     Ok(Some(Box::new(RelayListener { executor })))
 }
 
@@ -174,14 +188,19 @@ pub struct Executor {
     fatal_message: Mutex<Option<ExecutorError>>,
     /// One permit per stream that ended, so a shutdown knows when every stream flushed.
     stream_ended: Notify,
+    /// Forward mode: where each stream goes instead of a local JSON-RPC connection.
+    forward: Option<ForwardTarget>,
 }
 
 impl Executor {
+    /// With `forward`, each stream is copied to its own WebSocket to that target instead
+    /// of being served by this process (forward mode).
     pub fn new(
         config: RelayConfig,
         registry: RegistryClient,
         server: Arc<ServerContext>,
         timing: Timing,
+        forward: Option<ForwardTarget>,
     ) -> Arc<Self> {
         let link_timing = LinkTiming {
             ping_interval: Duration::from_millis(config.ping_interval_ms),
@@ -207,6 +226,7 @@ impl Executor {
             fatal: CancellationToken::new(),
             fatal_message: Mutex::new(None),
             stream_ended: Notify::new(),
+            forward,
         })
     }
 
@@ -867,35 +887,15 @@ impl Executor {
             self.timing,
             Instant::now(),
         );
-        let (to_app, app_rx) = mpsc::channel::<Bytes>(1);
-        let (outbound, from_app) = self
-            .server
-            .outbound_queue(Some(self.server.core.limits.max_message_bytes));
-        let info = ConnectionInfo {
-            transport: "relay",
-            parse_error_prefix: format!(
-                "failed to parse JSON-RPC message from exec-server relay stream {sid}"
-            ),
-            detach_on_close: true,
-            drain_on_end: None,
+        let (app, mut connection) = match &self.forward {
+            None => self.local_connection(&sid),
+            Some(target) => forward_connection(target.clone(), &sid),
         };
-        let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
-            rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))
-        }));
-        let mut connection = tokio::spawn(serve_connection(
-            Arc::clone(&self.server),
-            info,
-            inbound,
-            outbound,
-        ));
         let end = drive_stream(
             machine,
             inbox,
             self.uplink.clone(),
-            AppSide {
-                to_app,
-                from_app: from_app.into_receiver(),
-            },
+            app,
             Duration::from_millis(self.config.resume_grace_ms),
             ShutdownMode::Flush(self.server.shutdown.clone()),
         )
@@ -911,7 +911,8 @@ impl Executor {
         }
         self.stream_ended.notify_one();
         // The stream's end closed the connection's inbound side; let the connection finish
-        // in order so its session is detached (an aborted task would leave it attached).
+        // in order so its session is detached (an aborted task would leave it attached),
+        // or, forwarding, so the destination gets its Close.
         if tokio::time::timeout(CONNECTION_END, &mut connection)
             .await
             .is_err()
@@ -919,6 +920,53 @@ impl Executor {
             connection.abort();
         }
     }
+}
+
+impl Executor {
+    /// The stream's JSON-RPC connection, served by this process.
+    fn local_connection(&self, sid: &str) -> (AppSide, tokio::task::JoinHandle<()>) {
+        let (to_app, app_rx) = mpsc::channel::<Bytes>(1);
+        let (outbound, from_app) = self
+            .server
+            .outbound_queue(Some(self.server.core.limits.max_message_bytes));
+        let info = ConnectionInfo {
+            transport: "relay",
+            parse_error_prefix: format!(
+                "failed to parse JSON-RPC message from exec-server relay stream {sid}"
+            ),
+            detach_on_close: true,
+            drain_on_end: None,
+        };
+        let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
+            rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))
+        }));
+        let connection = tokio::spawn(serve_connection(
+            Arc::clone(&self.server),
+            info,
+            inbound,
+            outbound,
+        ));
+        let app = AppSide {
+            to_app,
+            from_app: from_app.into_receiver(),
+        };
+        (app, connection)
+    }
+}
+
+/// Messages waiting between a forwarded stream and its destination, each way. One is
+/// enough to keep both busy; more would only hold more memory.
+const FORWARD_QUEUE: usize = 1;
+
+/// The stream's messages copied to and from its own destination socket.
+fn forward_connection(target: ForwardTarget, sid: &str) -> (AppSide, tokio::task::JoinHandle<()>) {
+    let (to_app, to_destination) = mpsc::channel::<Bytes>(FORWARD_QUEUE);
+    let (from_destination, from_app) = mpsc::channel::<String>(FORWARD_QUEUE);
+    let sid = sid.to_owned();
+    let task = tokio::spawn(async move {
+        target.serve(&sid, to_destination, from_destination).await;
+    });
+    (AppSide { to_app, from_app }, task)
 }
 
 /// A frame for a stream whose inbox was full, to be sent with waiting.

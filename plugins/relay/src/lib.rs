@@ -6,6 +6,9 @@
 //! * [`config`] — the `[relay]` table and its older `[remote]` alias.
 //! * [`executor`] — the executor: registration loop, handshake admission, one JSON-RPC
 //!   connection per stream, and its registration as a configured transport.
+//! * [`forward`] — forward mode: each stream copied to its own WebSocket to a destination
+//!   exec-server instead of being served locally.
 
 pub mod config;
 pub mod executor;
+pub mod forward;

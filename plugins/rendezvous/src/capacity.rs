@@ -184,6 +184,14 @@ impl Capacity {
         self.token_tenants[index]
     }
 
+    /// The tenant named `name`, as a store shared by several nodes records it.
+    pub fn tenant_by_name(&self, name: &str) -> Option<TenantId> {
+        self.tenants
+            .iter()
+            .position(|t| t.name == name)
+            .map(TenantId)
+    }
+
     pub fn tenant_name(&self, tenant: TenantId) -> &str {
         &self.tenants[tenant.0].name
     }
@@ -242,6 +250,18 @@ impl Capacity {
             _environment: at_environment,
             _tenant: at_tenant,
         })
+    }
+
+    /// The most environments `tenant` may hold, and what a registration over it is told
+    /// (a store shared by several nodes counts them itself).
+    pub fn tenant_environment_limit(&self, tenant: TenantId) -> (usize, Refusal) {
+        let gauge = &self.tenants[tenant.0].environments;
+        (gauge.max, gauge.refusal.clone())
+    }
+
+    /// The most environments the service may hold, and what a registration over it is told.
+    pub fn service_environment_limit(&self) -> (usize, Refusal) {
+        (self.environments.max, self.environments.refusal.clone())
     }
 
     /// Environments held service-wide.

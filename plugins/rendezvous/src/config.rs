@@ -82,6 +82,15 @@ pub struct RendezvousConfig {
     pub rate_limit_per_ip_per_sec: u32,
     pub rate_limit_per_ip_burst: u32,
     pub tokens: Vec<TokenConfig>,
+    /// Where the registry state lives: `memory` (this process) or a Redis URL
+    /// (`redis://host:port/db`, `unix:///path/redis.sock`) shared by several nodes.
+    pub store: String,
+    /// This node's own public URL, where harnesses reach the environments whose executor
+    /// sockets it holds (with a shared store); default: `public_url`.
+    pub node_url: Option<String>,
+    /// How long a node's word that it holds an executor socket lasts in a shared store;
+    /// a node that stops renewing it (killed, cut off) loses its environments after this.
+    pub node_lease_secs: u64,
     /// Accept any bearer token, as one tenant with every role, instead of
     /// `rendezvous.tokens` (`--insecure-no-auth`): for trying remote mode on one machine.
     /// Loopback listeners only; refused together with tokens.
@@ -115,6 +124,9 @@ impl Default for RendezvousConfig {
             rate_limit_per_ip_per_sec: 100,
             rate_limit_per_ip_burst: 500,
             tokens: Vec::new(),
+            store: "memory".to_owned(),
+            node_url: None,
+            node_lease_secs: 15,
             insecure_no_auth: false,
         }
     }
@@ -125,6 +137,7 @@ impl RendezvousConfig {
         let config: RendezvousConfig = source.section("rendezvous")?;
         let positive = [
             ("rendezvous.attach_timeout_secs", config.attach_timeout_secs),
+            ("rendezvous.node_lease_secs", config.node_lease_secs),
             (
                 "rendezvous.max_environments_per_tenant",
                 config.max_environments_per_tenant as u64,
@@ -212,6 +225,17 @@ impl RendezvousConfig {
                 }
             }
         }
+        if config.store != "memory" && !crate::store_url::is_redis_url(&config.store) {
+            let problem = if config.store.starts_with("rediss://") {
+                "TLS to Redis is not included in this build; use redis:// (on a private network or a tunnel) or unix://".to_owned()
+            } else {
+                format!(
+                    "must be `memory` or a Redis URL (redis://host:port/db, unix:///path), got `{}`",
+                    crate::store_url::redacted_url(&config.store)
+                )
+            };
+            return Err(source.invalid("rendezvous.store", problem));
+        }
         if !config.base_path.is_empty() && !config.base_path.starts_with('/') {
             return Err(source.invalid("rendezvous.base_path", "must start with `/`"));
         }
@@ -227,6 +251,8 @@ impl RendezvousConfig {
 fn rendezvous_section(source: &ConfigSource, _table: &str) -> Result<Value, ConfigError> {
     let config = RendezvousConfig::load(source)?;
     let mut value = serde_json::to_value(&config).expect("the config serializes");
+    // A Redis URL may carry a password.
+    value["store"] = crate::store_url::redacted_url_or_memory(&config.store).into();
     if let Some(tokens) = value["tokens"].as_array_mut() {
         for token in tokens {
             token["sha256"] = REDACTED.into();

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::router::{decode_valid, is_too_big, Router, SocketHandle, MAX_INVALID_FRAMES};
 use crate::store::{
-    Connectable, Epoch, HarnessLease, RegisterRefusal, SharedStore, TenantId, TokenGrant,
-    UpgradeRefusal,
+    Connectable, Epoch, HarnessLease, Lost, RegisterRefusal, SharedStore, StoreUnavailable,
+    TenantId, TokenGrant, UpgradeRefusal,
 };
 
 /// The registry state and the live sockets of this process.
@@ -62,7 +62,7 @@ impl Hub {
         answer
     }
 
-    pub async fn current_registration(&self, id: &str) -> Option<String> {
+    pub async fn current_registration(&self, id: &str) -> Result<Option<String>, StoreUnavailable> {
         let mut ended = Vec::new();
         let current = self
             .store
@@ -117,7 +117,13 @@ impl Hub {
             .store
             .executor_attached(&env_id, &reg, Instant::now())
             .await;
-        if current != Some(epoch) {
+        if current.is_err() {
+            // The store is unreachable: the executor reconnects (1011) and tries again.
+            self.router.detach_executor(&env_id, handle.id);
+            handle.close(1011);
+            return;
+        }
+        if current != Ok(Some(epoch)) {
             // The registration changed since the upgrade was admitted.
             self.router.detach_executor(&env_id, handle.id);
             handle.close(4002);
@@ -218,14 +224,44 @@ impl Hub {
         self.router.sweep(now);
     }
 
+    /// Renews this node's lease on the executor sockets it holds, in a store shared by
+    /// several nodes, and closes the sockets of environments held elsewhere now (an
+    /// executor that left this node and attached to another leaves its harnesses here).
+    pub async fn heartbeat(&self) {
+        let held = self.router.held();
+        if held.is_empty() {
+            return;
+        }
+        let Ok(lost) = self.store.heartbeat(&held).await else {
+            return;
+        };
+        for lost in lost {
+            match lost {
+                Lost::Moved(environment) => self.router.environment_moved(&environment),
+                Lost::Ended(end) => self.router.registrations_ended(vec![end]),
+            }
+        }
+    }
+
+    /// Whether the store answers (`/readyz`).
+    pub async fn ready(&self) -> bool {
+        self.store.ready().await
+    }
+
     pub fn spawn_sweeper(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         let hub = Arc::clone(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(hub.router.timing.sweep_every);
+            // A store of one process needs no heartbeat: its timer never fires.
+            let beat_every = hub.store.heartbeat_every();
+            let mut beat = tokio::time::interval(beat_every.unwrap_or(Duration::from_secs(3_600)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => hub.sweep(Instant::now()).await,
+                    _ = beat.tick(), if beat_every.is_some() => hub.heartbeat().await,
                 }
             }
         })

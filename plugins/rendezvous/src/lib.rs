@@ -9,6 +9,9 @@
 //! * [`store`] — the registry's state behind the [`store::RendezvousStore`] seam:
 //!   tenants and token digests, registrations, attach state, capacity.
 //! * [`memory`] — the in-memory store, the default.
+//! * [`redis_store`] — the store shared by several nodes, in Redis.
+//! * `tokens` — the configured bearer tokens, which every node checks itself.
+//! * `store_url` — `rendezvous.store`: memory or Redis, and its URL without a password.
 //! * `capacity` — the memory store's count of the environments and harness sockets the
 //!   service and each tenant hold.
 //! * [`router`] — the live sockets and routes of this process (§8.6–§8.7).
@@ -22,11 +25,14 @@ pub mod config;
 mod hub;
 pub mod memory;
 mod rate_limit;
+pub mod redis_store;
 pub mod refusal;
 pub mod router;
 pub mod service;
 pub mod signing;
 pub mod store;
+mod store_url;
+mod tokens;
 
 pub use router::RouterTiming;
 pub use service::{

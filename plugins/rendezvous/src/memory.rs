@@ -17,19 +17,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::http::StatusCode;
-use exec_server_core::config::secret::constant_time_eq;
 use exec_server_relay_core::noise::NoisePublicKey;
 use exec_server_relay_core::proto;
 use tokio::time::Instant;
 
 use crate::capacity::{Capacity, EnvironmentSlot, Gauge};
-use crate::config::{RendezvousConfig, TokenConfig, TokenRole};
+use crate::config::RendezvousConfig;
 use crate::refusal::Refusal;
 use crate::signing::registration_id;
 use crate::store::{
-    Connectable, Ended, Epoch, HarnessLease, RegisterRefusal, Removal, RendezvousStore, TenantId,
-    TokenGrant, UpgradeRefusal,
+    Connectable, Ended, Epoch, HarnessLease, RegisterRefusal, Removal, RendezvousStore,
+    StoreUnavailable, TenantId, TokenGrant, UpgradeRefusal,
 };
+use crate::tokens::{effective_config, Tokens};
 
 /// Replaced registration ids remembered per environment (their upgrades get 410; older
 /// ones 404, which also makes their executor register again).
@@ -73,12 +73,6 @@ impl RecentIds {
     }
 }
 
-/// One configured token: the SHA-256 of its bytes and what it grants.
-struct TokenEntry {
-    digest: [u8; 32],
-    grant: TokenGrant,
-}
-
 /// The current registration of an environment (§8.2).
 struct Registration {
     id: String,
@@ -116,9 +110,7 @@ type Environments = HashMap<String, Environment>;
 
 /// Every registration of this process, its tokens and its capacity.
 pub struct MemoryStore {
-    tokens: Vec<TokenEntry>,
-    /// `rendezvous.insecure_no_auth`: every bearer token is the one entry of `tokens`.
-    accept_any_token: bool,
+    tokens: Tokens,
     envs: Mutex<Environments>,
     /// Every slot the registrations and harness sockets hold is counted here.
     capacity: Capacity,
@@ -135,47 +127,11 @@ pub struct MemoryStore {
 impl MemoryStore {
     /// The store for `config`: its tenants, token digests and limits.
     pub fn new(config: &RendezvousConfig) -> Result<Self, String> {
-        let anonymous;
-        let config = if config.insecure_no_auth {
-            // One tenant that every bearer token maps to; its digest is never compared.
-            let mut with_tenant = config.clone();
-            with_tenant.tokens = vec![TokenConfig {
-                name: "anonymous".to_owned(),
-                sha256: "0".repeat(64),
-                role: TokenRole::Any,
-                environments: vec!["*".to_owned()],
-                max_environments: None,
-                max_harness_sockets: None,
-            }];
-            anonymous = with_tenant;
-            &anonymous
-        } else {
-            config
-        };
+        let config = &effective_config(config);
         let capacity = Capacity::new(config);
-        let mut tokens = Vec::with_capacity(config.tokens.len());
-        for (index, t) in config.tokens.iter().enumerate() {
-            let mut digest = [0u8; 32];
-            for (i, byte) in digest.iter_mut().enumerate() {
-                *byte = t
-                    .sha256
-                    .get(i * 2..i * 2 + 2)
-                    .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-                    .ok_or_else(|| "rendezvous token sha256 must be hex".to_owned())?;
-            }
-            tokens.push(TokenEntry {
-                digest,
-                grant: TokenGrant {
-                    name: t.name.clone(),
-                    tenant: capacity.tenant_of_token(index),
-                    role: t.role,
-                    environments: t.environments.clone(),
-                },
-            });
-        }
+        let tokens = Tokens::new(config, &capacity)?;
         Ok(Self {
             tokens,
-            accept_any_token: config.insecure_no_auth,
             envs: Mutex::new(HashMap::new()),
             capacity,
             grace: Duration::from_secs(config.grace_secs),
@@ -393,6 +349,7 @@ impl MemoryStore {
             Connectable::Yes {
                 reg: env.registration.id.clone(),
                 key: env.registration.key.clone(),
+                node: None,
             }
         } else {
             Connectable::Unavailable
@@ -531,17 +488,7 @@ impl MemoryStore {
 #[async_trait]
 impl RendezvousStore for MemoryStore {
     async fn authenticate(&self, digest: &[u8; 32]) -> Option<TokenGrant> {
-        if self.accept_any_token {
-            return self.tokens.first().map(|entry| entry.grant.clone());
-        }
-        // Every digest is compared, so the time taken does not say which one matched.
-        let mut found: Option<&TokenEntry> = None;
-        for entry in &self.tokens {
-            if constant_time_eq(&entry.digest, digest) && found.is_none() {
-                found = Some(entry);
-            }
-        }
-        found.map(|entry| entry.grant.clone())
+        self.tokens.authenticate(digest)
     }
 
     fn tenant_count(&self) -> usize {
@@ -574,8 +521,8 @@ impl RendezvousStore for MemoryStore {
         environment: &str,
         now: Instant,
         ended: &mut Vec<Ended>,
-    ) -> Option<String> {
-        self.current_registration_now(environment, now, ended)
+    ) -> Result<Option<String>, StoreUnavailable> {
+        Ok(self.current_registration_now(environment, now, ended))
     }
 
     async fn admit_executor(
@@ -603,8 +550,8 @@ impl RendezvousStore for MemoryStore {
         environment: &str,
         reg: &str,
         _now: Instant,
-    ) -> Option<Epoch> {
-        self.executor_attached_now(environment, reg)
+    ) -> Result<Option<Epoch>, StoreUnavailable> {
+        Ok(self.executor_attached_now(environment, reg))
     }
 
     async fn executor_detached(

@@ -65,6 +65,7 @@ fn register(
         Ok(reg) => Ok(reg),
         Err(RegisterRefusal::Capacity(refusal)) => Err(refusal),
         Err(RegisterRefusal::Busy) => panic!("{id}: busy"),
+        Err(RegisterRefusal::StoreUnavailable) => panic!("{id}: the memory store is always there"),
     }
 }
 
@@ -441,6 +442,9 @@ async fn random_lifetimes_keep_the_books_exact() {
                         refused += 1;
                     }
                     Err(RegisterRefusal::Busy) => {}
+                    Err(RegisterRefusal::StoreUnavailable) => {
+                        panic!("the memory store is always there")
+                    }
                 }
             }
             2 => {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::memory::RecentIds;
-use crate::store::{Ended, Epoch, Removal};
+use crate::store::{Ended, Epoch, Held, Removal};
 
 /// Closed stream ids remembered per environment.
 const CLOSED_IDS: usize = 1_024;
@@ -260,6 +260,41 @@ impl Router {
                 envs.remove(&end.environment);
             }
         }
+    }
+
+    /// The environments this process has sockets or routes of, with the registration
+    /// they serve and whether it holds the executor socket (a shared store renews this
+    /// node's lease on those, and says which moved elsewhere).
+    pub fn held(&self) -> Vec<Held> {
+        self.lock()
+            .iter()
+            .map(|(id, env)| Held {
+                environment: id.clone(),
+                epoch: env.epoch,
+                executor: env.executor.is_some(),
+            })
+            .collect()
+    }
+
+    /// The environment's executor attached to another node (RELAY §8.10): this node's
+    /// executor socket is closed as replaced (4002) and its harness sockets with 1001, so
+    /// harnesses reconnect, are sent to the new node and resume there. Routes are
+    /// forgotten without a Reset: the streams go on at the other node.
+    pub fn environment_moved(&self, env_id: &str) {
+        let Some(env) = self.lock().remove(env_id) else {
+            return;
+        };
+        if let Some(executor) = &env.executor {
+            executor.close(4002);
+        }
+        for socket in env.harness_sockets.values() {
+            socket.close(1001);
+        }
+        tracing::info!(
+            environment = %proto::truncate_for_log(env_id),
+            harness_sockets = env.harness_sockets.len(),
+            "environment moved to another node; its sockets here are closed"
+        );
     }
 
     pub(crate) fn spawn_socket(

@@ -33,10 +33,13 @@ use crate::config::{RendezvousConfig, TokenRole};
 use crate::hub::Hub;
 use crate::memory::MemoryStore;
 use crate::rate_limit::{Limited, RateLimits};
+use crate::redis_store::RedisStore;
 use crate::refusal::Refusal;
 use crate::router::{Router, RouterTiming, SocketRole};
 use crate::signing::{key_hash, token_digest, AuthorizationClaims, SigningKey, SigningKeyError};
-use crate::store::{Connectable, Epoch, HarnessLease, RegisterRefusal, TokenGrant, UpgradeRefusal};
+use crate::store::{
+    Connectable, Epoch, HarnessLease, RegisterRefusal, SharedStore, TokenGrant, UpgradeRefusal,
+};
 
 /// Environment variable holding the base64 signing key (§8.4).
 pub const SIGNING_KEY_ENV: &str = secret_env::RENDEZVOUS_SIGNING_KEY_ENV;
@@ -55,6 +58,9 @@ pub struct Service {
     key: SigningKey,
     /// The public base URL with `http` replaced by `ws` (§8.4).
     ws_base: String,
+    /// This node's own URL in that form, where harnesses reach the environments whose
+    /// executor sockets it holds.
+    node_ws_base: String,
     hub: Arc<Hub>,
     limits: RateLimits,
 }
@@ -111,6 +117,12 @@ pub enum StartError {
         "rendezvous.insecure_no_auth accepts any bearer token, so it is refused on the non-loopback address {0}; configure [[rendezvous.tokens]]"
     )]
     NoAuthOffLoopback(SocketAddr),
+    #[error(
+        "rendezvous.store is shared by several nodes, which must sign with one key: set rendezvous.signing_key_file or EXEC_SERVER_RENDEZVOUS_SIGNING_KEY on every node"
+    )]
+    SharedStoreNeedsKey,
+    #[error("rendezvous.node_url must be http(s)://host[:port][/prefix], got `{0}`")]
+    NodeUrl(String),
     #[error("failed to bind {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -171,6 +183,10 @@ fn load_signing_key(config: &RendezvousConfig) -> Result<SigningKey, StartError>
     if let Some(text) = secret_env::secret_variable(SIGNING_KEY_ENV) {
         return Ok(SigningKey::from_base64(text.expose())?);
     }
+    if config.store != "memory" {
+        // Every node must verify what any other signed.
+        return Err(StartError::SharedStoreNeedsKey);
+    }
     tracing::warn!(
         "no rendezvous signing key configured; generated one for this run: URLs and authorizations will not survive a restart"
     );
@@ -208,7 +224,6 @@ pub async fn start(
         .map(parse_public_url)
         .transpose()?;
     let key = load_signing_key(&config)?;
-    let store = Arc::new(MemoryStore::new(&config).map_err(StartError::Tokens)?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Bind { addr, source })?;
@@ -225,6 +240,25 @@ pub async fn start(
         .split_once("://")
         .map_or(public.as_str(), |(_, rest)| rest);
     let ws_base = format!("{ws_scheme}://{rest}");
+    // With a shared store, this node's own URL is recorded as the owner of the executor
+    // sockets it holds and handed to harnesses of those environments.
+    let node_url = match config.node_url.as_deref() {
+        Some(url) => parse_public_url(url)
+            .map_err(|_| StartError::NodeUrl(url.to_owned()))?
+            .redacted(),
+        None => public.clone(),
+    };
+    let node_ws_base = ws_base_of(&node_url);
+    let store: SharedStore = if config.store == "memory" {
+        Arc::new(MemoryStore::new(&config).map_err(StartError::Tokens)?)
+    } else {
+        tracing::info!(
+            store = %crate::store_url::redacted_url(&config.store),
+            node = %node_url,
+            "registry state in Redis, shared with the other nodes"
+        );
+        Arc::new(RedisStore::new(&config, &config.store, node_url).map_err(StartError::Tokens)?)
+    };
     tracing::info!(address = %local_addr, "rendezvous listening");
     let router = Router::new(
         Duration::from_secs(config.grace_secs),
@@ -237,6 +271,7 @@ pub async fn start(
         config,
         key,
         ws_base,
+        node_ws_base,
         hub: Arc::clone(&hub),
         limits: rate_limits,
     });
@@ -248,7 +283,9 @@ pub async fn start(
         .with_state(Arc::clone(&service));
     let mut app = axum::Router::new()
         .route("/livez", get(|| async { StatusCode::OK }))
-        .route("/readyz", get(|| async { StatusCode::OK }));
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(Arc::clone(&service));
     app = if base_path.is_empty() {
         app.merge(inner)
     } else {
@@ -299,6 +336,59 @@ pub async fn run(
     shutdown.await;
     running.stop().await;
     Ok(())
+}
+
+/// A public base URL with `https` replaced by `wss` and `http` by `ws` (§8.4).
+fn ws_base_of(public: &str) -> String {
+    match public.split_once("://") {
+        Some(("https", rest)) => format!("wss://{rest}"),
+        Some((_, rest)) => format!("ws://{rest}"),
+        None => public.to_owned(),
+    }
+}
+
+/// 200 while the store answers; 503 while it is unreachable, so a load balancer sends
+/// new requests to nodes that can answer them.
+async fn readyz(State(service): State<Arc<Service>>) -> StatusCode {
+    if service.hub.ready().await {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// The process's metrics (Prometheus text), for any configured bearer token.
+async fn metrics(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    let known = match bearer_token(&headers) {
+        Some(token) => service
+            .hub
+            .authenticate(&token_digest(&token))
+            .await
+            .is_some(),
+        None => false,
+    };
+    if !known {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        exec_server_core::metrics::render(),
+    )
+        .into_response()
+}
+
+/// A registry call while the shared store is unreachable: 503, try again shortly.
+fn store_unavailable(environment: &str) -> Response {
+    let mut response = error(
+        environment,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "the registry's store is unreachable; try again",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    response
 }
 
 // ---- registry endpoints --------------------------------------------------------------
@@ -374,6 +464,16 @@ fn limited(limited: Limited, environment: &str) -> Response {
     refusal_response(&limited.refusal)
 }
 
+/// The request's `Authorization: Bearer` token.
+fn bearer_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().to_owned())
+}
+
 fn environment_matches(patterns: &[String], id: &str) -> bool {
     patterns.iter().any(|p| {
         p == "*"
@@ -392,12 +492,7 @@ impl Service {
         needs: TokenRole,
         id: &str,
     ) -> Result<TokenGrant, Response> {
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim().to_owned());
+        let token = bearer_token(headers);
         let unauthorized = || {
             error(
                 id,
@@ -435,12 +530,14 @@ impl Service {
         )
     }
 
-    fn harness_url(&self, id: &str, reg: &str, kh: &str) -> String {
+    /// A harness URL on the node that holds the environment's executor socket: `node`
+    /// (its public URL) when that is another node, else this one.
+    fn harness_url(&self, node: Option<&str>, id: &str, reg: &str, kh: &str) -> String {
         let exp = now_unix() + self.config.harness_url_ttl_secs;
         let sig = self.key.url_signature("harness", id, reg, kh, exp);
+        let base = node.map_or_else(|| self.node_ws_base.clone(), ws_base_of);
         format!(
-            "{}/ws/environment/{}?role=harness&reg={reg}&kh={kh}&exp={exp}&sig={sig}",
-            self.ws_base,
+            "{base}/ws/environment/{}?role=harness&reg={reg}&kh={kh}&exp={exp}&sig={sig}",
             encode_segment(id)
         )
     }
@@ -604,6 +701,7 @@ async fn register(
         Err(RegisterRefusal::Capacity(refusal)) => {
             return refuse(&refusal, Some(&caller.name), &id)
         }
+        Err(RegisterRefusal::StoreUnavailable) => return store_unavailable(&id),
     };
     json(
         StatusCode::OK,
@@ -632,8 +730,9 @@ async fn connect(
         Ok(k) => k,
         Err(r) => return r,
     };
-    let (reg, executor_key) = match service.hub.connectable(&id).await {
-        Connectable::Yes { reg, key } => (reg, key),
+    let (reg, executor_key, node) = match service.hub.connectable(&id).await {
+        Connectable::Yes { reg, key, node } => (reg, key, node),
+        Connectable::StoreUnavailable => return store_unavailable(&id),
         Connectable::NotFound => {
             return error(
                 &id,
@@ -663,7 +762,7 @@ async fn connect(
         StatusCode::OK,
         &serde_json::json!({
             "environment_id": id,
-            "url": service.harness_url(&id, &reg, &kh),
+            "url": service.harness_url(node.as_deref(), &id, &reg, &kh),
             "security_profile": executor_key.suite().security_profile(),
             "executor_registration_id": reg,
             "executor_public_key": executor_key.to_json(),
@@ -707,7 +806,11 @@ async fn validate(
             "missing `harness_key_authorization`",
         );
     };
-    let Some(current) = service.hub.current_registration(&id).await else {
+    let current = match service.hub.current_registration(&id).await {
+        Ok(current) => current,
+        Err(_) => return store_unavailable(&id),
+    };
+    let Some(current) = current else {
         return error(
             &id,
             StatusCode::NOT_FOUND,
@@ -855,6 +958,7 @@ async fn upgrade(
                 return upgrade_refused(&id, status, "unknown_route")
             }
             Err(UpgradeRefusal::Capacity(refusal)) => return refuse(&refusal, None, &id),
+            Err(UpgradeRefusal::Elsewhere(node)) => return misdirected(&id, &node),
         },
     };
     let hub = Arc::clone(&service.hub);
@@ -885,6 +989,30 @@ fn upgrade_refused(environment: &str, status: StatusCode, reason: &'static str) 
     response.headers_mut().insert(
         "x-codex-rendezvous-rejection-reason",
         header::HeaderValue::from_static(reason),
+    );
+    response
+}
+
+/// A harness socket that landed on a node that does not hold the environment's executor
+/// socket: 421 with a body naming the node that does (RELAY §8.10). A harness asks
+/// `connect` again, which hands out a URL on that node.
+fn misdirected(environment: &str, node: &str) -> Response {
+    tracing::info!(
+        environment = %exec_server_relay_core::proto::truncate_for_log(environment),
+        node,
+        "harness socket upgrade sent to the node that holds the environment"
+    );
+    let mut response = json(
+        StatusCode::MISDIRECTED_REQUEST,
+        &serde_json::json!({"error": {
+            "code": "wrong_node",
+            "message": format!("this environment's executor is held by the rendezvous node {node}; call connect again"),
+            "node_url": node,
+        }}),
+    );
+    response.headers_mut().insert(
+        "x-codex-rendezvous-rejection-reason",
+        header::HeaderValue::from_static("wrong_node"),
     );
     response
 }

@@ -1,8 +1,9 @@
 //! The rendezvous's registry state behind one seam, [`RendezvousStore`] (RELAY §8.2, §8.3,
 //! §8.9): the tenants and their token digests, every environment's registration and its
 //! executor's attach state, and the capacity the registrations and harness sockets hold.
-//! [`crate::memory::MemoryStore`] is the default and only implementation; a store shared
-//! by several nodes (Redis, §8.10) is another.
+//! [`crate::memory::MemoryStore`] is the default; [`crate::redis_store::RedisStore`] is
+//! shared by several nodes (§8.10), each answering any registry call and holding the
+//! sockets of the environments whose executors attached to it.
 //!
 //! What stays out of the store is what only the process that holds a socket can do: the
 //! live sockets and the routes between them are the router's (`crate::router`). The two
@@ -92,14 +93,28 @@ pub enum RegisterRefusal {
     Busy,
     /// 503 or its tenant's limit.
     Capacity(Refusal),
+    /// 503: the shared store could not be reached.
+    StoreUnavailable,
 }
+
+/// The shared store could not be reached or failed; the request is answered 503 and the
+/// caller tries again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreUnavailable;
 
 /// What `connect` may hand out (§7.4).
 #[derive(Debug)]
 pub enum Connectable {
-    Yes { reg: String, key: NoisePublicKey },
+    /// `node`: the public URL of the node that holds the executor's socket, when that is
+    /// another node than this one (harnesses are sent there).
+    Yes {
+        reg: String,
+        key: NoisePublicKey,
+        node: Option<String>,
+    },
     NotFound,
     Unavailable,
+    StoreUnavailable,
 }
 
 /// Why an upgrade is refused (§8.4 checks 5–7, §8.8, §8.9).
@@ -107,6 +122,30 @@ pub enum Connectable {
 pub enum UpgradeRefusal {
     Status(StatusCode),
     Capacity(Refusal),
+    /// The environment's executor socket is held by the node at this public URL.
+    Elsewhere(String),
+}
+
+/// An environment this node has sockets of (RELAY §8.10), as a heartbeat reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub environment: String,
+    /// The registration its sockets here belong to.
+    pub epoch: Epoch,
+    /// Whether this node holds its executor socket (else only harness sockets or parked
+    /// routes, waiting for the executor to come back).
+    pub executor: bool,
+}
+
+/// An environment this node has sockets of, that the store says it no longer holds
+/// (RELAY §8.10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lost {
+    /// The same registration's executor attached to another node: this node's sockets of
+    /// the environment are closed so their peers reconnect there.
+    Moved(String),
+    /// The registration ended or was replaced.
+    Ended(Ended),
 }
 
 /// The capacity one harness socket holds at its environment and its owner's tenant, given
@@ -168,7 +207,7 @@ pub trait RendezvousStore: Send + Sync + 'static {
         environment: &str,
         now: Instant,
         ended: &mut Vec<Ended>,
-    ) -> Option<String>;
+    ) -> Result<Option<String>, StoreUnavailable>;
 
     /// May an executor socket for `reg` be opened (§8.4 checks 5–7)?
     async fn admit_executor(
@@ -189,9 +228,14 @@ pub trait RendezvousStore: Send + Sync + 'static {
         ended: &mut Vec<Ended>,
     ) -> Result<(Epoch, HarnessLease), UpgradeRefusal>;
 
-    /// An executor socket for `reg` was opened: the environment is attached. `None` when
-    /// `reg` is no longer the environment's registration.
-    async fn executor_attached(&self, environment: &str, reg: &str, now: Instant) -> Option<Epoch>;
+    /// An executor socket for `reg` was opened on this node: the environment is attached
+    /// here. `None` when `reg` is no longer the environment's registration.
+    async fn executor_attached(
+        &self,
+        environment: &str,
+        reg: &str,
+        now: Instant,
+    ) -> Result<Option<Epoch>, StoreUnavailable>;
 
     /// The environment's executor socket ended. An executor that left for good (close
     /// 1000) ends its registration at once; otherwise the detach clock starts (§8.2).
@@ -207,13 +251,22 @@ pub trait RendezvousStore: Send + Sync + 'static {
     /// Ends every registration that is due (the attach timeout, the registration TTL).
     async fn sweep(&self, now: Instant, ended: &mut Vec<Ended>);
 
-    /// The node that holds the environment's sockets, in a deployment of several nodes
-    /// (RELAY §8.10): a shared store records it when an executor attaches, so a node that
-    /// receives a harness socket for an environment it does not hold can forward the
-    /// frames or send the harness there. `None` means this node — always, with one node
-    /// and the memory store; the router does not consult it yet.
-    async fn owner_node(&self, _environment: &str) -> Option<String> {
+    /// How often this node must vouch for the executor sockets it holds; `None` for a
+    /// store of one process, where nothing else can take them over.
+    fn heartbeat_every(&self) -> Option<std::time::Duration> {
         None
+    }
+
+    /// This node still has the sockets of `held`: the lease on the executor sockets among
+    /// them is renewed. Answers the environments whose executor is (now) held elsewhere
+    /// or whose registration ended, so their sockets here are closed.
+    async fn heartbeat(&self, _held: &[Held]) -> Result<Vec<Lost>, StoreUnavailable> {
+        Ok(Vec::new())
+    }
+
+    /// Whether the store answers now (`/readyz`).
+    async fn ready(&self) -> bool {
+        true
     }
 }
 
