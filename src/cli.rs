@@ -87,10 +87,16 @@ pub enum Command {
     /// Run the self-hosted relay registry and rendezvous service; the first stdout line is
     /// its URL.
     Rendezvous {
-        /// Where to listen: `http://IP:PORT` (port 0 picks a free port). Default:
-        /// `http://127.0.0.1:0`.
+        /// Where to listen: `http://IP:PORT` (port 0 picks a free port), or `https://IP:PORT`
+        /// with --tls-cert-file and --tls-key-file. Default: `http://127.0.0.1:0`.
         #[arg(long = "listen", value_name = "URL")]
         listen: Option<String>,
+        /// PEM certificate chain for in-process TLS (`rendezvous.tls_cert_file`).
+        #[arg(long = "tls-cert-file", value_name = "FILE")]
+        tls_cert_file: Option<PathBuf>,
+        /// PEM private key for in-process TLS, owner-only (`rendezvous.tls_key_file`).
+        #[arg(long = "tls-key-file", value_name = "FILE")]
+        tls_key_file: Option<PathBuf>,
         /// The public base URL handed out and printed (`rendezvous.public_url`).
         #[arg(long = "public-url", value_name = "URL")]
         public_url: Option<String>,
@@ -185,11 +191,21 @@ impl Cli {
         let mut overrides = CliOverrides::default();
         self.websocket_auth_overrides(&mut overrides)?;
         if let Some(Command::Rendezvous {
-            insecure_no_auth: true,
+            insecure_no_auth,
+            tls_cert_file,
+            tls_key_file,
             ..
         }) = &self.command
         {
-            overrides.set("rendezvous.insecure_no_auth", true);
+            if *insecure_no_auth {
+                overrides.set("rendezvous.insecure_no_auth", true);
+            }
+            if let Some(path) = tls_cert_file {
+                overrides.set("rendezvous.tls_cert_file", path.display().to_string());
+            }
+            if let Some(path) = tls_key_file {
+                overrides.set("rendezvous.tls_key_file", path.display().to_string());
+            }
         }
         if let Some(Command::Rendezvous {
             store, node_url, ..

@@ -14,7 +14,7 @@
 pub(crate) mod terminal;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -75,6 +75,12 @@ pub struct RunArgs {
         requires = "remote"
     )]
     pub environment_id: Option<String>,
+
+    /// With --remote: a PEM file of CA certificates trusted besides the system's roots for
+    /// the `https` registry and its `wss` sockets (`relay.ca_file`,
+    /// EXEC_SERVER_RELAY__CA_FILE).
+    #[arg(long = "ca-file", value_name = "FILE", requires = "remote")]
+    pub ca_file: Option<PathBuf>,
 
     /// Run the command on a pseudo-terminal, with the local terminal in raw mode.
     #[arg(long)]
@@ -186,7 +192,7 @@ async fn connect(
         ..ClientOptions::default()
     };
     if let (Some(remote), Some(environment_id)) = (&args.remote, &args.environment_id) {
-        let relay_args = relay_args(remote, environment_id, config)
+        let relay_args = relay_args(remote, environment_id, args.ca_file.as_deref(), config)
             .map_err(|e| ExecServerError::InvalidRequest(e.to_string()))?;
         return ExecServerClient::connect_relay(relay_args, options).await;
     }
@@ -219,9 +225,14 @@ async fn connect(
 fn relay_args(
     remote: &str,
     environment_id: &str,
+    ca_file: Option<&Path>,
     config: Option<&Path>,
 ) -> Result<RelayConnectArgs, String> {
-    let source = ConfigSource::load(config, CliOverrides::default()).map_err(|e| e.to_string())?;
+    let mut overrides = CliOverrides::default();
+    if let Some(path) = ca_file {
+        overrides.set("relay.ca_file", path.display().to_string());
+    }
+    let source = ConfigSource::load(config, overrides).map_err(|e| e.to_string())?;
     let relay = RelayConfig::load(&source).map_err(|e| e.to_string())?;
     let token = relay.bearer_token().map_err(|e| e.to_string())?;
     let mut args = RelayConnectArgs::new(remote, environment_id, token);
@@ -230,6 +241,9 @@ fn relay_args(
     args.handshake_timeout = Duration::from_millis(relay.handshake_timeout_ms);
     args.resume_grace = Duration::from_millis(relay.resume_grace_ms);
     args.allow_insecure = relay.allow_insecure;
+    // Checked here, so a bad file is named before anything is sent.
+    relay.tls_trust()?;
+    args.ca_file = relay.ca_file;
     Ok(args)
 }
 

@@ -28,7 +28,7 @@ const UPGRADE_START: &str = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: webso
 const UPGRADE_END: &str = "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer listener-escape-token\r\n\r\n";
 
 /// Raises this test process's soft descriptor limit, so it can hold the attack's sockets.
-fn raise_own_descriptor_limit(needed: u64) {
+pub(crate) fn raise_own_descriptor_limit(needed: u64) {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -52,7 +52,7 @@ fn raise_own_descriptor_limit(needed: u64) {
 
 /// `exec-server <args>` started with `RLIMIT_NOFILE` = `nofile` (soft and hard), the bearer
 /// token in its environment, and its stderr handed to the caller.
-fn server_with_descriptor_limit(nofile: u64, args: &[&str]) -> Command {
+pub(crate) fn server_with_descriptor_limit(nofile: u64, args: &[&str]) -> Command {
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
@@ -71,7 +71,7 @@ fn server_with_descriptor_limit(nofile: u64, args: &[&str]) -> Command {
 }
 
 /// A connection from `source` (any loopback address) that sent `head` and then stalls.
-async fn stalled_from(server: SocketAddr, source: IpAddr, head: &[u8]) -> TcpStream {
+pub(crate) async fn stalled_from(server: SocketAddr, source: IpAddr, head: &[u8]) -> TcpStream {
     let socket = TcpSocket::new_v4().unwrap();
     socket.bind(SocketAddr::new(source, 0)).unwrap();
     let mut stream = socket.connect(server).await.expect("tcp connect");
@@ -84,7 +84,7 @@ async fn stalled(server: SocketAddr) -> TcpStream {
 }
 
 /// Resolves when the server has closed `stream` (end of file or reset).
-async fn closed_by_server(stream: &mut TcpStream) {
+pub(crate) async fn closed_by_server(stream: &mut TcpStream) {
     let mut buf = [0u8; 1024];
     let outcome = tokio::time::timeout(STEP_TIMEOUT, async {
         loop {

@@ -4,7 +4,7 @@
 //! the test behind every claim it makes.
 
 mod copy_leak;
-mod listeners;
+pub(crate) mod listeners;
 mod proc_secrets;
 mod process_tree;
 mod rendezvous;

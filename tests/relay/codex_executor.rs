@@ -10,13 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use exec_server_client::proto::process::StartParams;
-use exec_server_client::relay::harness::RelayConnectArgs;
+use exec_server_client::relay::harness::{RelayConnectArgs, RelayError};
 use exec_server_client::relay::proto::{self as frames, Body};
 use exec_server_client::relay::registry::SecretString;
 use exec_server_client::{ClientOptions, ExecServerClient};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::fixtures::*;
+use super::tls::Pki;
 use crate::codex::{codex_bin, CodexHome};
 use crate::util::{server_command, STEP_TIMEOUT};
 
@@ -41,7 +42,18 @@ impl CodexExecutor {
         registry: &str,
         environment: &str,
     ) -> Self {
-        let executor = Self::spawn(bin, home, registry, environment, &[]).await;
+        Self::start_with_env(bin, home, registry, environment, &[]).await
+    }
+
+    /// [`CodexExecutor::start`] with variables added to codex's environment.
+    async fn start_with_env(
+        bin: &std::path::Path,
+        home: &CodexHome,
+        registry: &str,
+        environment: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let executor = Self::spawn_with_env(bin, home, registry, environment, &[], env).await;
         executor.wait_for_log(REGISTERED).await;
         executor.wait_for_log(CONNECTED).await;
         executor
@@ -56,7 +68,20 @@ impl CodexExecutor {
         environment: &str,
         subcommand: &[&str],
     ) -> Self {
+        Self::spawn_with_env(bin, home, registry, environment, subcommand, &[]).await
+    }
+
+    /// [`CodexExecutor::spawn`] with variables added to codex's environment.
+    async fn spawn_with_env(
+        bin: &std::path::Path,
+        home: &CodexHome,
+        registry: &str,
+        environment: &str,
+        subcommand: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = home.command(bin);
+        cmd.envs(env.iter().copied());
         cmd.arg("exec-server")
             .args(subcommand)
             .args([
@@ -300,4 +325,101 @@ async fn codex_executor_serves_our_client_and_run_through_our_rendezvous() {
         Some(Body::Handshake(h)) if h.payload.len() > 3_568
     )));
     drop(client);
+}
+
+#[tokio::test]
+async fn codex_executor_trusting_our_ca_through_ssl_cert_file_serves_over_a_tls_rendezvous() {
+    let Some(bin) = codex_bin(
+        "codex_executor_trusting_our_ca_through_ssl_cert_file_serves_over_a_tls_rendezvous",
+    ) else {
+        return;
+    };
+    let home = CodexHome::new();
+    let pki = Pki::issue(&["127.0.0.1"]);
+    let rdv = start_tls_rendezvous(&pki.cert, &pki.key).await;
+    let ca = pki.ca.display().to_string();
+    // codex reads SSL_CERT_FILE for its registry client and its rendezvous socket alike.
+    let codex = CodexExecutor::start_with_env(
+        &bin,
+        &home,
+        &rdv.url,
+        "env-codex-tls",
+        &[("SSL_CERT_FILE", &ca)],
+    )
+    .await;
+    let mut run = server_command(&[
+        "run",
+        "--remote",
+        &rdv.url,
+        "--environment-id",
+        "env-codex-tls",
+        "--ca-file",
+        &ca,
+        "--",
+        "sh",
+        "-c",
+        "echo codex-over-tls; exit 4",
+    ]);
+    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
+        .stdin(Stdio::null());
+    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
+        .await
+        .expect("run finishes")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "codex-over-tls\n",
+        "{stderr}"
+    );
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    codex.wait_for_log(HANDSHAKE_DONE).await;
+}
+
+/// A codex executor forgets its streams when its socket drops and says nothing about them
+/// when it reconnects: the rendezvous resets them towards their harnesses, so a harness
+/// waiting for output learns at once, and the session goes on on a new stream.
+#[tokio::test]
+async fn a_cut_codex_executor_socket_resets_its_streams_and_the_session_resumes() {
+    let Some(bin) =
+        codex_bin("a_cut_codex_executor_socket_resets_its_streams_and_the_session_resumes")
+    else {
+        return;
+    };
+    let home = CodexHome::new();
+    let (proxy, rdv) = proxied_rendezvous("").await;
+    let _codex = CodexExecutor::start(&bin, &home, &rdv.direct, "env-codex-cut").await;
+    let args = harness_args(&rdv.direct, "env-codex-cut");
+    let (mut client, init) = RelayClient::open_with(
+        args.clone(),
+        serde_json::json!({"clientName": "relay-tests-client"}),
+    )
+    .await;
+    let session = init["sessionId"].as_str().unwrap().to_owned();
+    assert_eq!(
+        client
+            .call("environment/status", serde_json::json!({}))
+            .await["status"],
+        "ready"
+    );
+    // Nothing is in flight: only the rendezvous can tell the harness its stream is gone.
+    // It resets the stream and closes the socket; a codex stream ends with its socket, so
+    // the harness may report either first — but it does not wait.
+    proxy.faults.cut.notify_waiters();
+    let ended = client.ended().await;
+    assert!(
+        ended == Some(RelayError::Reset("executor_unavailable".into()))
+            || ended == Some(RelayError::Lost),
+        "{ended:?}"
+    );
+    proxy
+        .wait_for("codex to reconnect", |p| p.executor_sockets() >= 2)
+        .await;
+    let mut resumed = resume_session(&args, &session).await;
+    assert_eq!(
+        resumed
+            .call("environment/status", serde_json::json!({}))
+            .await["status"],
+        "ready"
+    );
 }

@@ -2,6 +2,7 @@
 //! processes, a JSON-RPC client over one relay stream, a WebSocket proxy that captures,
 //! drops, duplicates, reorders, injects and cuts frames, raw rendezvous sockets and
 //! registry calls, and a registry gate that holds or refuses `/validate` and `/register`.
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,17 +48,39 @@ pub(crate) struct Rendezvous {
     pub(crate) _config: tempfile::TempPath,
     /// Its stderr, when started with [`start_rendezvous_logged`].
     pub(crate) log: Arc<Mutex<String>>,
+    /// Its command line and whether its stderr is kept, for [`Rendezvous::restart`].
+    args: Vec<String>,
+    capture_log: bool,
+}
+
+impl Rendezvous {
+    /// Kills the service (SIGKILL: every socket and all its state are lost) and starts it
+    /// again on the same address with the same configuration and signing key.
+    pub(crate) async fn restart(&mut self) {
+        self.child.kill().await.unwrap();
+        let (child, url, log) = spawn_rendezvous(&self.args, self.capture_log).await;
+        assert_eq!(url, self.url);
+        self.child = child;
+        if self.capture_log {
+            self.log = log;
+        }
+    }
 }
 
 /// A rendezvous whose stderr (at `warn`) is kept in [`Rendezvous::log`].
 pub(crate) async fn start_rendezvous_logged() -> Rendezvous {
-    start_rendezvous_inner(None, "", true, false).await
+    start_rendezvous_inner(None, "", true, false, None).await
+}
+
+/// A logged rendezvous serving TLS itself with these PEM files (`--listen https://…`).
+pub(crate) async fn start_tls_rendezvous(cert: &Path, key: &Path) -> Rendezvous {
+    start_rendezvous_inner(None, "", true, false, Some((cert, key))).await
 }
 
 /// One node of a deployment of several: `settings` name the shared store, `public_url`
 /// is the deployment's URL, and the node's own URL (`--node-url`) is its listen address.
 pub(crate) async fn start_rendezvous_node(public_url: Option<&str>, settings: &str) -> Rendezvous {
-    start_rendezvous_inner(public_url, settings, false, true).await
+    start_rendezvous_inner(public_url, settings, false, true, None).await
 }
 
 pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
@@ -66,7 +89,7 @@ pub(crate) async fn start_rendezvous(public_url: Option<&str>) -> Rendezvous {
 
 /// A rendezvous whose `[rendezvous]` table also holds `settings` (small limits, short grace).
 pub(crate) async fn start_rendezvous_with(public_url: Option<&str>, settings: &str) -> Rendezvous {
-    start_rendezvous_inner(public_url, settings, false, false).await
+    start_rendezvous_inner(public_url, settings, false, false, None).await
 }
 
 async fn start_rendezvous_inner(
@@ -74,6 +97,7 @@ async fn start_rendezvous_inner(
     settings: &str,
     capture_log: bool,
     node_url: bool,
+    tls: Option<(&Path, &Path)>,
 ) -> Rendezvous {
     // A free port, so the direct URL is known even when a public URL is printed.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -81,7 +105,8 @@ async fn start_rendezvous_inner(
         .local_addr()
         .unwrap()
         .port();
-    let listen = format!("http://127.0.0.1:{port}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let listen = format!("{scheme}://127.0.0.1:{port}");
     let config = config_file(&format!(
         r#"
 [rendezvous]
@@ -109,28 +134,45 @@ role = "harness"
     if node_url {
         args.extend(["--node-url", &listen]);
     }
+    let tls_files = tls.map(|(cert, key)| (cert.display().to_string(), key.display().to_string()));
+    if let Some((cert, key)) = &tls_files {
+        args.extend(["--tls-cert-file", cert, "--tls-key-file", key]);
+    }
+    let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+    let (child, url, log) = spawn_rendezvous(&args, capture_log).await;
+    assert!(url.starts_with(&format!("{scheme}://127.0.0.1:")), "{url}");
+    Rendezvous {
+        child,
+        url,
+        direct: listen,
+        _config: config,
+        log,
+        args,
+        capture_log,
+    }
+}
+
+/// Starts `exec-server <args>` with the tests' signing key: the child, its first stdout
+/// line (the URL) and its stderr when `capture_log`.
+async fn spawn_rendezvous(
+    args: &[String],
+    capture_log: bool,
+) -> (Child, String, Arc<Mutex<String>>) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cmd = server_command(&args);
     cmd.env(
         "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY",
         "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
     );
-    let log = Arc::new(Mutex::new(String::new()));
+    let mut log = Arc::new(Mutex::new(String::new()));
     if capture_log {
         cmd.env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
             .stderr(std::process::Stdio::piped());
     }
     let mut child = cmd.spawn().expect("spawn rendezvous");
-    if let Some(stderr) = child.stderr.take() {
-        let sink = Arc::clone(&log);
-        let mut lines = BufReader::new(stderr).lines();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut text = sink.lock().unwrap();
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
+    if capture_log {
+        log = capture_stderr(&mut child);
     }
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
@@ -142,14 +184,35 @@ role = "harness"
         let mut rest = String::new();
         while stdout.read_line(&mut rest).await.unwrap_or(0) > 0 {}
     });
-    let url = line.trim().to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
-    Rendezvous {
-        child,
-        url,
-        direct: listen,
-        _config: config,
-        log,
+    (child, line.trim().to_owned(), log)
+}
+
+/// Collects a child's piped stderr, line by line, as it comes.
+pub(crate) fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let sink = Arc::clone(&log);
+    let mut lines = BufReader::new(stderr).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut text = sink.lock().unwrap();
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    log
+}
+
+/// Waits until `log` contains `needle` `times` times (bounded by the step timeout).
+pub(crate) async fn wait_for_log(log: &Mutex<String>, needle: &str, times: usize) {
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    while log.lock().unwrap().matches(needle).count() < times {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{needle:?} was not logged {times} times; the log:\n{}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -201,6 +264,43 @@ pub(crate) async fn connect(args: RelayConnectArgs) -> RelayConnection {
             "executor never became reachable"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A new stream that takes the session over, retrying while the executor has not yet
+/// seen the old stream end (-32010), as codex clients do.
+pub(crate) async fn resume_session(args: &RelayConnectArgs, session: &str) -> RelayClient {
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let mut client = RelayClient {
+            conn: connect(args.clone()).await,
+            next_id: 1,
+            pending: Vec::new(),
+        };
+        let resumed = client
+            .request(
+                "initialize",
+                json!({"clientName": "relay-tests-client", "resumeSessionId": session}),
+            )
+            .await;
+        match resumed {
+            Ok(result) => {
+                assert_eq!(result["sessionId"], session);
+                client
+                    .conn
+                    .send(json!({"method": "initialized", "params": {}}).to_string())
+                    .await
+                    .unwrap();
+                return client;
+            }
+            Err(error) if error["code"] == -32010 => {}
+            Err(error) => panic!("resume failed: {error}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the session could not be resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

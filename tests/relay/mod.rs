@@ -8,6 +8,7 @@
 mod codex_executor;
 mod codex_harness;
 mod executor;
+mod faults;
 mod fixtures;
 mod forward;
 mod harness;

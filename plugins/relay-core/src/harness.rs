@@ -2,6 +2,7 @@
 //! socket, run the Noise initiator with msg1 retransmission, then hand the caller a duplex
 //! of whole JSON-RPC messages whose stream resumes across physical reconnects.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use crate::noise::{
 use crate::proto::{self, Body, ResetReason, StreamFeatures};
 use crate::registry::{ConnectBundle, RegistryClient, RegistryError, SecretString};
 use crate::reliable::{ReliableStream, Role, Semantics, StreamLimits, Timing};
+use crate::tls::TlsTrust;
 
 /// A harness-side failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,6 +74,9 @@ pub struct RelayConnectArgs {
     pub connect_timeout: Duration,
     pub handshake_timeout: Duration,
     pub resume_grace: Duration,
+    /// A PEM file of CA certificates trusted besides the system's roots, for the `https`
+    /// registry and the `wss` rendezvous socket (`relay.ca_file`, `--ca-file`).
+    pub ca_file: Option<PathBuf>,
     pub allow_insecure: bool,
     pub bundle_provider: Option<Arc<dyn RelayBundleProvider>>,
     /// Test hooks: the relay's fixed timing values.
@@ -102,6 +107,7 @@ impl RelayConnectArgs {
             connect_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(15),
             resume_grace: Duration::from_secs(30),
+            ca_file: None,
             allow_insecure: false,
             bundle_provider: None,
             timing: Timing::default(),
@@ -175,17 +181,21 @@ impl RelayConnection {
     }
 }
 
-fn base_client(args: &RelayConnectArgs) -> Result<Arc<dyn RelayBundleProvider>, RelayError> {
+fn base_client(
+    args: &RelayConnectArgs,
+    trust: &TlsTrust,
+) -> Result<Arc<dyn RelayBundleProvider>, RelayError> {
     if let Some(provider) = &args.bundle_provider {
         return Ok(Arc::clone(provider));
     }
     let base = BaseUrl::parse(&args.registry_url, args.allow_insecure)
         .map_err(|e| RelayError::Config(e.to_string()))?;
-    Ok(Arc::new(HttpBundles(RegistryClient::new(
+    Ok(Arc::new(HttpBundles(RegistryClient::with_trust(
         base,
         args.bearer_token.clone(),
         args.request_timeout,
         args.allow_insecure,
+        trust,
     ))))
 }
 
@@ -219,7 +229,9 @@ async fn fetch_bundle(
 /// Connects a new stream (§3.4): bundle, socket, handshake. The caller then speaks
 /// JSON-RPC (`initialize`, `initialized`, …) over the returned connection.
 pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, RelayError> {
-    let provider = base_client(&args)?;
+    let trust = TlsTrust::with_ca_file(args.ca_file.as_deref())
+        .map_err(|e| RelayError::Config(format!("relay.ca_file {e}")))?;
+    let provider = base_client(&args, &trust)?;
     let (bundle, identity) = fetch_bundle(&args, &provider).await?;
     let authz = bundle
         .harness_key_authorization
@@ -232,7 +244,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         ));
     }
     let stream_id = uuid::Uuid::new_v4().to_string();
-    let ws = link::open(&bundle.url, args.connect_timeout)
+    let ws = link::open(&bundle.url, args.connect_timeout, &trust)
         .await
         .map_err(|e| RelayError::Open(e.to_string()))?;
     let (handle, mut reader) = link::start(ws, args.link_timing);
@@ -377,6 +389,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         pinned: bundle.executor_public_key,
         identity,
         provider,
+        trust,
         args: args.clone(),
         inbox: inbox_tx,
         uplink: uplink.clone(),
@@ -435,6 +448,7 @@ struct Physical {
     pinned: NoisePublicKey,
     identity: Arc<NoiseIdentity>,
     provider: Arc<dyn RelayBundleProvider>,
+    trust: TlsTrust,
     args: RelayConnectArgs,
     inbox: mpsc::Sender<StreamEvent>,
     uplink: Uplink,
@@ -604,7 +618,7 @@ impl Physical {
                     .await;
                 return None;
             }
-            match link::open(&bundle.url, self.args.connect_timeout).await {
+            match link::open(&bundle.url, self.args.connect_timeout, &self.trust).await {
                 Ok(ws) => return Some(link::start(ws, self.args.link_timing)),
                 Err(e) => tracing::debug!("relay reconnect attempt failed: {e}"),
             }

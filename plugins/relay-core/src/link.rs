@@ -19,6 +19,7 @@ use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::proto::{Body, RelayMessageFrame, MAX_WS_MESSAGE_BYTES};
+use crate::tls::TlsTrust;
 
 pub type ClientWs = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -54,15 +55,15 @@ pub enum OpenError {
 }
 
 /// Opens a rendezvous WebSocket (binary only, 256 KiB limit, no compression, no Nagle),
-/// over TLS with the system's roots for `wss` URLs.
-pub async fn open(url: &str, timeout: Duration) -> Result<ClientWs, OpenError> {
+/// over TLS trusting `trust` for `wss` URLs.
+pub async fn open(url: &str, timeout: Duration, trust: &TlsTrust) -> Result<ClientWs, OpenError> {
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_WS_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_WS_MESSAGE_BYTES));
     let tls = url
         .get(..6)
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("wss://"))
-        .then(|| Connector::Rustls(crate::tls::client_config()));
+        .then(|| Connector::Rustls(trust.client_config()));
     let connect = tokio_tungstenite::connect_async_tls_with_config(url, Some(config), true, tls);
     match tokio::time::timeout(timeout, connect).await {
         Err(_) => Err(OpenError::Timeout),

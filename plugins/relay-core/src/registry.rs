@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::endpoint::check_ws_url;
 pub use crate::endpoint::{check_environment_id, redact_url, BaseUrl};
 use crate::noise::{suite_by_profile, NoisePublicKey, MAX_AUTHORIZATION_BYTES};
+use crate::tls::TlsTrust;
 
 /// Largest error body shown (then ` [truncated]`).
 const MAX_SHOWN_ERROR_BODY: usize = 4_096;
@@ -172,14 +173,27 @@ fn check_common(
 }
 
 impl RegistryClient {
+    /// A client that trusts the system's root certificates.
     pub fn new(
         base: BaseUrl,
         token: SecretString,
         timeout: Duration,
         allow_insecure: bool,
     ) -> Self {
+        Self::with_trust(base, token, timeout, allow_insecure, &TlsTrust::system())
+    }
+
+    /// A client whose `https` connections trust what `trust` says (a CA file besides the
+    /// system's roots).
+    pub fn with_trust(
+        base: BaseUrl,
+        token: SecretString,
+        timeout: Duration,
+        allow_insecure: bool,
+        trust: &TlsTrust,
+    ) -> Self {
         let tls = if base.is_tls() {
-            crate::tls::client_config()
+            trust.client_config()
         } else {
             crate::tls::untrusting_config()
         };

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use exec_server_core::config::secret::{check_secret_file_mode, read_token_file};
 use exec_server_core::config::{secret_env, ConfigError, ConfigSource, SecretString};
 use exec_server_core::ConfigSection;
+use exec_server_relay_core::tls::TlsTrust;
 use serde::{Deserialize, Serialize};
 
 /// Default variable holding the executor's bearer token.
@@ -281,6 +282,14 @@ impl RelayConfig {
         }
         relay.check_forward(source)?;
         Ok(relay)
+    }
+
+    /// What `https` registries and `wss` rendezvous sockets trust: the system's roots, plus
+    /// `ca_file`'s certificates when it is set. A file that cannot be used is a start-up
+    /// error naming the key.
+    pub fn tls_trust(&self) -> Result<TlsTrust, String> {
+        TlsTrust::with_ca_file(self.ca_file.as_deref())
+            .map_err(|e| format!("invalid config: relay.ca_file {e}"))
     }
 
     fn check_forward(&self, source: &ConfigSource) -> Result<(), ConfigError> {

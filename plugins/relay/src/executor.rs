@@ -31,6 +31,7 @@ use exec_server_relay_core::proto::{
 };
 use exec_server_relay_core::registry::{RegistryClient, RegistryError};
 use exec_server_relay_core::reliable::{ReliableStream, Role, Semantics, StreamLimits, Timing};
+use exec_server_relay_core::tls::TlsTrust;
 
 use crate::config::RelayConfig;
 use crate::forward::ForwardTarget;
@@ -68,11 +69,13 @@ fn open_relay(
         config.allow_insecure,
     )
     .map_err(|e| StartupError(e.to_string()))?;
-    let registry = RegistryClient::new(
+    let trust = config.tls_trust().map_err(StartupError)?;
+    let registry = RegistryClient::with_trust(
         base,
         token,
         Duration::from_millis(config.request_timeout_ms),
         config.allow_insecure,
+        &trust,
     );
     let forward = config
         .forward_target(server.core.limits.max_message_bytes)
@@ -83,6 +86,7 @@ fn open_relay(
     let executor = Executor::new(
         config,
         registry,
+        trust,
         Arc::clone(server),
         Timing::default(),
         forward,
@@ -154,6 +158,10 @@ struct State {
     ws_url: String,
     streams: HashMap<String, Slot>,
     retired: Retired,
+    /// Streams lost with a physical connection (codex streams at once, ours after the
+    /// resume grace) whose harnesses have not been told yet: they get a Reset as soon as a
+    /// connection is up again.
+    lost_unannounced: Vec<String>,
 }
 
 /// Why the executor stopped serving for good.
@@ -170,6 +178,8 @@ pub struct Executor {
     environment_id: String,
     identity: NoiseIdentity,
     registry: RegistryClient,
+    /// What the rendezvous socket's TLS trusts (the registry client has the same).
+    tls: TlsTrust,
     server: Arc<ServerContext>,
     timing: Timing,
     link_timing: LinkTiming,
@@ -198,6 +208,7 @@ impl Executor {
     pub fn new(
         config: RelayConfig,
         registry: RegistryClient,
+        tls: TlsTrust,
         server: Arc<ServerContext>,
         timing: Timing,
         forward: Option<ForwardTarget>,
@@ -215,6 +226,7 @@ impl Executor {
             config,
             identity,
             registry,
+            tls,
             server,
             timing,
             link_timing,
@@ -332,7 +344,8 @@ impl Executor {
             }
             let url = self.lock().ws_url.clone();
             let mut must_register = false;
-            match link::open(&url, Duration::from_millis(self.config.connect_timeout_ms)).await {
+            let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+            match link::open(&url, timeout, &self.tls).await {
                 Ok(ws) => {
                     let started = Instant::now();
                     self.serve_physical(ws).await;
@@ -374,6 +387,7 @@ impl Executor {
         let (handle, mut stream) = link::start(ws, self.link_timing);
         self.failed_handshakes.store(0, Ordering::SeqCst);
         self.uplink.set(Some(handle.frames.clone()));
+        self.announce_lost_streams();
         self.broadcast(|| StreamEvent::Connected);
         let shutdown = self.server.shutdown.clone();
         let mut invalid: VecDeque<Instant> = VecDeque::new();
@@ -454,6 +468,31 @@ impl Executor {
         // Frames already queued (a last Reset, the close code) reach the socket first.
         let _ = tokio::time::timeout(LINK_DRAIN, handle.finished()).await;
         self.broadcast(|| StreamEvent::Disconnected);
+    }
+
+    /// Resets, on the connection just opened, the streams lost with an earlier one.
+    /// Nothing else would tell their harnesses: the rendezvous keeps a harness's socket
+    /// open while the executor is away, and a codex harness waiting for output would wait
+    /// for ever instead of resuming its session on a new stream.
+    fn announce_lost_streams(&self) {
+        let lost = std::mem::take(&mut self.lock().lost_unannounced);
+        for sid in lost {
+            self.send_reset(&sid, ResetReason::UnknownStream);
+        }
+    }
+
+    /// A stream was lost with its physical connection: its harness is told on the current
+    /// connection if one is up again, otherwise on the next.
+    fn stream_lost_with_link(&self, sid: &str) {
+        let mut state = self.lock();
+        if self.uplink.is_connected() {
+            drop(state);
+            self.send_reset(sid, ResetReason::UnknownStream);
+            return;
+        }
+        if state.lost_unannounced.len() < RETIRED_IDS {
+            state.lost_unannounced.push(sid.to_owned());
+        }
     }
 
     fn established_streams(&self) -> usize {
@@ -903,6 +942,9 @@ impl Executor {
         tracing::debug!(stream = %sid, end = ?end, "relay stream ended");
         if let StreamEnd::ResetReceived(reason) = &end {
             tracing::info!(stream = %sid, reason = %reason, "relay stream reset by the peer");
+        }
+        if matches!(end, StreamEnd::Lost) {
+            self.stream_lost_with_link(&sid);
         }
         {
             let mut state = self.lock();

@@ -243,6 +243,11 @@ impl RendezvousConfig {
             check_secret_file_mode(path)
                 .map_err(|e| source.invalid("rendezvous.signing_key_file", e.describe(path)))?;
         }
+        if !config.tls_key_file.is_empty() {
+            let path = std::path::Path::new(&config.tls_key_file);
+            check_secret_file_mode(path)
+                .map_err(|e| source.invalid("rendezvous.tls_key_file", e.describe(path)))?;
+        }
         Ok(config)
     }
 }

@@ -19,6 +19,8 @@
 //! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
 //! * [`refusal`] — every limit as a refusal: status, error code, and a message naming the
 //!   configuration key to raise.
+//! * `tls` — in-process TLS from the PEM files of `rendezvous.tls_cert_file` and
+//!   `rendezvous.tls_key_file`.
 
 mod capacity;
 pub mod config;
@@ -32,6 +34,7 @@ pub mod service;
 pub mod signing;
 pub mod store;
 mod store_url;
+mod tls;
 mod tokens;
 
 pub use router::RouterTiming;

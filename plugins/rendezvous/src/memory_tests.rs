@@ -556,3 +556,72 @@ async fn a_restarted_executor_takes_over_without_waiting_for_the_grace() {
     assert_eq!(current(&store, "env").as_deref(), Some(new.as_str()));
     assert_books(&store);
 }
+
+/// A stream whose msg2 announced no reliable stream (codex semantics) ends with the
+/// executor's socket: its harness is reset and closed at once. A reliable one is parked
+/// for the executor's return, and a harness's msg1 sent meanwhile is held for it.
+#[tokio::test(start_paused = true)]
+async fn an_executor_socket_ending_resets_codex_streams_and_parks_reliable_ones() {
+    use exec_server_relay_core::proto::{self, handshake_body_with, Body, StreamFeatures};
+    let store = store();
+    let router = Router::new(GRACE, 256, RouterTiming::default());
+    let (_, epoch) = attached(&store, "env", 1);
+    let (executor_tx, mut executor_rx) = mpsc::channel(64);
+    let executor = SocketHandle::for_test(1, executor_tx);
+    assert!(router.attach_executor("env", epoch, &executor));
+    let mut harnesses = Vec::new();
+    for (id, sid, features) in [
+        (2, "codex-stream", StreamFeatures::NONE),
+        (3, "reliable-stream", StreamFeatures::RELIABLE),
+    ] {
+        let (tx, rx) = mpsc::channel(64);
+        let harness = SocketHandle::for_test(id, tx);
+        assert!(router.open_harness("env", epoch, &harness));
+        assert!(router.bind_harness("env", "kh", &harness, sid));
+        let msg1 = proto::frame(sid, 0, 0, handshake_body_with(vec![1; 96], features));
+        assert!(router.forward_from_harness("env", &harness, proto::encode(&msg1), &msg1));
+        let msg2 = proto::frame(sid, 0, 0, handshake_body_with(vec![2; 48], features));
+        router.forward_from_executor("env", &executor, proto::encode(&msg2), &msg2);
+        harnesses.push((harness, rx));
+    }
+    while executor_rx.try_recv().is_ok() {}
+    for (_, rx) in &mut harnesses {
+        assert!(matches!(rx.try_recv(), Ok(Out::Frame(_))), "msg2 delivered");
+    }
+
+    assert_eq!(router.detach_executor("env", executor.id), Some(epoch));
+    let (_, codex_rx) = &mut harnesses[0];
+    let Ok(Out::Frame(reset)) = codex_rx.try_recv() else {
+        panic!("the codex stream's harness got no Reset");
+    };
+    let reset = proto::decode(&reset).unwrap();
+    assert_eq!(reset.stream_id, "codex-stream");
+    assert!(
+        matches!(&reset.body, Some(Body::Reset(r)) if r.reason == "executor_unavailable"),
+        "{reset:?}"
+    );
+    assert!(matches!(codex_rx.try_recv(), Ok(Out::Close(1000))));
+    let (_, reliable_rx) = &mut harnesses[1];
+    assert!(reliable_rx.try_recv().is_err(), "the reliable stream waits");
+
+    // A new harness's msg1 while the executor is away reaches it once it is back.
+    let (tx, _rx) = mpsc::channel(64);
+    let newcomer = SocketHandle::for_test(4, tx);
+    assert!(router.open_harness("env", epoch, &newcomer));
+    assert!(router.bind_harness("env", "kh", &newcomer, "new-stream"));
+    let msg1 = proto::frame(
+        "new-stream",
+        0,
+        0,
+        handshake_body_with(vec![3; 96], StreamFeatures::NONE),
+    );
+    assert!(router.forward_from_harness("env", &newcomer, proto::encode(&msg1), &msg1));
+    let (tx, mut back_rx) = mpsc::channel(64);
+    let back = SocketHandle::for_test(5, tx);
+    assert!(router.attach_executor("env", epoch, &back));
+    let Ok(Out::Frame(held)) = back_rx.try_recv() else {
+        panic!("the held msg1 was not delivered");
+    };
+    assert_eq!(held, proto::encode(&msg1));
+    assert!(back_rx.try_recv().is_err());
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use bytes::Bytes;
-use exec_server_relay_core::proto::{self, Body, ResetReason};
+use exec_server_relay_core::proto::{self, Body, ResetReason, StreamFeatures};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -99,6 +99,9 @@ struct Route {
     parked_since: Option<Instant>,
     held_for_executor: Option<Bytes>,
     held_for_harness: Option<Bytes>,
+    /// The executor's msg2 announced no reliable stream: codex semantics, so the stream
+    /// ends with the executor's socket (CODEX-0169 §4.5) and cannot wait for it.
+    ends_with_executor_socket: bool,
 }
 
 /// The sockets and routes of one environment's registration on this process.
@@ -185,6 +188,30 @@ impl Environment {
         }
         for (_, socket) in self.harness_sockets.drain() {
             socket.close(1000);
+        }
+    }
+
+    /// The executor socket ended: its codex-semantics streams ended with it, on the
+    /// executor's side already. Their harnesses get Reset{executor_unavailable} and their
+    /// sockets close now — parked, they would wait for records nobody will send (a codex
+    /// executor says nothing about them when it reconnects) instead of resuming their
+    /// sessions on new streams.
+    fn reset_streams_lost_with_executor(&mut self) {
+        let lost: Vec<String> = self
+            .routes
+            .iter()
+            .filter(|(_, route)| route.ends_with_executor_socket)
+            .map(|(sid, _)| sid.clone())
+            .collect();
+        for sid in lost {
+            if let Some(harness) = self.routes.get(&sid).and_then(|r| r.harness.as_ref()) {
+                harness.send(proto::encode(&proto::reset_frame(
+                    &sid,
+                    ResetReason::ExecutorUnavailable,
+                )));
+                harness.close(1000);
+            }
+            self.close_route(&sid);
         }
     }
 
@@ -364,6 +391,7 @@ impl Router {
         }
         env.executor = None;
         env.detached_since = Some(Instant::now());
+        env.reset_streams_lost_with_executor();
         Some(env.epoch)
     }
 
@@ -386,6 +414,9 @@ impl Router {
         let is_reset = matches!(frame.body, Some(Body::Reset(_)));
         let is_resume = matches!(&frame.body, Some(Body::Resume(r)) if r.next_seq >= 1);
         if let Some(route) = env.routes.get_mut(sid) {
+            if let Some(Body::Handshake(msg2)) = &frame.body {
+                route.ends_with_executor_socket = StreamFeatures::announced(msg2).is_empty();
+            }
             match &route.harness {
                 Some(harness) => {
                     harness.send(bytes);
@@ -525,10 +556,14 @@ impl Router {
         let sid = frame.stream_id.as_str();
         let is_reset = matches!(frame.body, Some(Body::Reset(_)));
         let is_resume = matches!(&frame.body, Some(Body::Resume(r)) if r.next_seq >= 1);
+        // A handshake is held too: a harness may send msg1 only once (codex's does, and
+        // ours on hybrid streams), and its handshake must complete once the executor is
+        // back (§7.4).
+        let is_handshake = matches!(frame.body, Some(Body::Handshake(_)));
         if let Some(executor) = &env.executor {
             executor.send(bytes);
         } else if env.executor_within_grace(self.grace, now) {
-            if is_resume {
+            if is_resume || is_handshake {
                 if let Some(route) = env.routes.get_mut(sid) {
                     route.held_for_executor = Some(bytes);
                 }

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use exec_server_core::config::secret::read_secret_file;
 use exec_server_core::config::{secret_env, ConfigSource};
-use exec_server_core::transport::http_server::{serve_http, ListenerLimits};
+use exec_server_core::transport::http_server::{serve_http, serve_https, ListenerLimits};
 use exec_server_core::StartupError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -91,12 +91,20 @@ fn now_unix() -> u64 {
 /// Why the service could not start (exit status 2, like every start-up error).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("rendezvous.listen must be http://IP:PORT, got `{0}`")]
+    #[error("rendezvous.listen must be http://IP:PORT or https://IP:PORT, got `{0}`")]
     Listen(String),
     #[error(
-        "rendezvous.listen: in-process TLS is not included in this build; terminate TLS in a proxy and listen on http://"
+        "rendezvous.listen is https://, but rendezvous.tls_cert_file and rendezvous.tls_key_file are not set: set both (--tls-cert-file, --tls-key-file) to serve TLS, or listen on http:// behind a TLS-terminating proxy"
     )]
-    ListenTls,
+    HttpsWithoutTls,
+    #[error(
+        "rendezvous.tls_cert_file and rendezvous.tls_key_file are set, so rendezvous.listen must be https://IP:PORT, got `{0}`"
+    )]
+    TlsWithoutHttps(String),
+    #[error("rendezvous.{0} is set without rendezvous.{1}: in-process TLS needs both")]
+    TlsHalf(&'static str, &'static str),
+    #[error(transparent)]
+    TlsFiles(#[from] crate::tls::TlsFilesError),
     #[error(
         "refusing plain HTTP on the non-loopback address {0} without rendezvous.public_url (a TLS proxy in front) or rendezvous.allow_insecure = true"
     )]
@@ -132,15 +140,16 @@ pub enum StartError {
     LocalAddr(std::io::Error),
 }
 
-/// `rendezvous.listen`: `http://IP:PORT` with an explicit port (0 picks a free one).
-fn parse_listen(listen: &str) -> Result<SocketAddr, StartError> {
+/// `rendezvous.listen`: `http://IP:PORT` or `https://IP:PORT` with an explicit port (0
+/// picks a free one); true for `https`.
+fn parse_listen(listen: &str) -> Result<(SocketAddr, bool), StartError> {
     let wrong = || StartError::Listen(listen.to_owned());
     let url = Url::parse(listen).map_err(|_| wrong())?;
-    match url.scheme() {
-        "http" => {}
-        "https" => return Err(StartError::ListenTls),
+    let https = match url.scheme() {
+        "http" => false,
+        "https" => true,
         _ => return Err(wrong()),
-    }
+    };
     let bare = !url.username().is_empty()
         || url.password().is_some()
         || url.path() != "/"
@@ -157,8 +166,29 @@ fn parse_listen(listen: &str) -> Result<SocketAddr, StartError> {
         _ => return Err(wrong()),
     };
     match url.port_or_known_default() {
-        Some(port) if !bare && port_written => Ok(SocketAddr::new(ip, port)),
+        Some(port) if !bare && port_written => Ok((SocketAddr::new(ip, port), https)),
         _ => Err(wrong()),
+    }
+}
+
+/// The in-process TLS configuration (§8.9): both files set and `listen` is `https`, or
+/// neither and it is `http`; anything in between is a start-up error that says which.
+fn listener_tls(
+    config: &RendezvousConfig,
+    https: bool,
+) -> Result<Option<Arc<rustls::ServerConfig>>, StartError> {
+    let cert = (!config.tls_cert_file.is_empty()).then_some(&config.tls_cert_file);
+    let key = (!config.tls_key_file.is_empty()).then_some(&config.tls_key_file);
+    match (cert, key, https) {
+        (None, None, false) => Ok(None),
+        (None, None, true) => Err(StartError::HttpsWithoutTls),
+        (Some(_), None, _) => Err(StartError::TlsHalf("tls_cert_file", "tls_key_file")),
+        (None, Some(_), _) => Err(StartError::TlsHalf("tls_key_file", "tls_cert_file")),
+        (Some(_), Some(_), false) => Err(StartError::TlsWithoutHttps(config.listen.clone())),
+        (Some(cert), Some(key), true) => Ok(Some(crate::tls::server_config(
+            std::path::Path::new(cert),
+            std::path::Path::new(key),
+        )?)),
     }
 }
 
@@ -200,7 +230,8 @@ pub async fn start(
     timing: RouterTiming,
     limits: ListenerLimits,
 ) -> Result<RunningRendezvous, StartError> {
-    let addr = parse_listen(&config.listen)?;
+    let (addr, https) = parse_listen(&config.listen)?;
+    let tls = listener_tls(&config, https)?;
     if config.tokens.is_empty() && !config.insecure_no_auth {
         return Err(StartError::NoTokens);
     }
@@ -212,10 +243,11 @@ pub async fn start(
             "rendezvous.insecure_no_auth: any bearer token is accepted, as one tenant with every role"
         );
     }
-    if !addr.ip().is_loopback() && config.public_url.is_none() && !config.allow_insecure {
+    let plain_off_loopback = !addr.ip().is_loopback() && tls.is_none();
+    if plain_off_loopback && config.public_url.is_none() && !config.allow_insecure {
         return Err(StartError::Insecure(addr));
     }
-    if !addr.ip().is_loopback() && config.public_url.is_none() {
+    if plain_off_loopback && config.public_url.is_none() {
         tracing::warn!("plain HTTP on a non-loopback address: bearer tokens travel in clear");
     }
     let public_url = config
@@ -231,7 +263,10 @@ pub async fn start(
     let base_path = config.base_path.trim_end_matches('/').to_owned();
     let public = match public_url {
         Some(url) => url,
-        None => parse_public_url(&format!("http://{local_addr}{base_path}"))?,
+        None => {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            parse_public_url(&format!("{scheme}://{local_addr}{base_path}"))?
+        }
     };
     // The same URL with `ws` for `http` and `wss` for `https` (§8.4).
     let ws_scheme = if public.is_tls() { "wss" } else { "ws" };
@@ -259,7 +294,7 @@ pub async fn start(
         );
         Arc::new(RedisStore::new(&config, &config.store, node_url).map_err(StartError::Tokens)?)
     };
-    tracing::info!(address = %local_addr, "rendezvous listening");
+    tracing::info!(address = %local_addr, tls = tls.is_some(), "rendezvous listening");
     let router = Router::new(
         Duration::from_secs(config.grace_secs),
         config.max_parked_streams_per_environment,
@@ -297,7 +332,10 @@ pub async fn start(
     let task = tokio::spawn(async move {
         // Handlers read the peer address (per-address rate limits) from `ConnectInfo`,
         // which the shared accept loop inserts into every request.
-        serve_http(listener, app, limits, "rendezvous", stop).await;
+        match tls {
+            Some(tls) => serve_https(listener, app, limits, tls, "rendezvous", stop).await,
+            None => serve_http(listener, app, limits, "rendezvous", stop).await,
+        }
         hub.close_all(Duration::from_secs(1)).await;
         sweeper.abort();
     });

@@ -2,11 +2,13 @@
 //! the rendezvous service — serving an axum app over HTTP/1.1 under the `[listener]`
 //! limits, so that peers who have not authenticated cannot hold the server's descriptors:
 //!
-//! * a request head must arrive within `header_read_timeout_ms` (hyper's timer);
+//! * a request head must arrive within `header_read_timeout_ms` (hyper's timer); on a TLS
+//!   listener the handshake and the head together, from accept, so a peer that stalls its
+//!   handshake is closed exactly like one that stalls its head;
 //! * a connection must be upgraded within `upgrade_timeout_ms` of its accept, or it is
 //!   closed (plain HTTP connections — probes, registry calls — live at most that long);
-//! * connections whose request head has not arrived are capped per peer and in total, evicting the oldest
-//!   ([`super::pending`]);
+//! * connections whose request head has not arrived (TLS handshakes in progress among them)
+//!   are capped per peer and in total, evicting the oldest ([`super::pending`]);
 //! * open connections are capped at `max_connections`, and a connection whose descriptor
 //!   eats into the `fd_reserve` kept for the server's own work is closed right after accept;
 //! * `accept` failing for lack of descriptors backs off ([`super::accept_backoff`]).
@@ -28,6 +30,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::{rustls, TlsAcceptor};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service as _;
 
@@ -81,6 +84,31 @@ pub async fn serve_http(
     name: &'static str,
     shutdown: CancellationToken,
 ) {
+    serve(listener, app, limits, None, name, shutdown).await
+}
+
+/// [`serve_http`] over TLS: every accepted connection first completes a handshake with
+/// `tls`, under the same limits as a request head.
+pub async fn serve_https(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: ListenerLimits,
+    tls: Arc<rustls::ServerConfig>,
+    name: &'static str,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    serve(listener, app, limits, Some(acceptor), name, shutdown).await
+}
+
+async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: ListenerLimits,
+    tls: Option<TlsAcceptor>,
+    name: &'static str,
+    shutdown: CancellationToken,
+) {
     let metrics = Arc::new(ListenerMetrics::new(name));
     let headroom = ListenerHeadroom::new(limits.fd_reserve, name);
     let (max_pending, max_pending_per_peer) = headroom.pending_caps(&limits, name);
@@ -111,13 +139,13 @@ pub async fn serve_http(
         if headroom.exhausted(&stream) {
             metrics.refused_fd_reserve.inc();
             refusals.refused("fewer than listener.fd_reserve descriptors are left");
-            refuse(stream);
+            refuse(stream, tls.is_some());
             continue;
         }
         let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
             metrics.refused_max_connections.inc();
             refusals.refused("listener.max_connections connections are open");
-            refuse(stream);
+            refuse(stream, tls.is_some());
             continue;
         };
         // Request/response traffic: Nagle + delayed ACK would add ~40 ms.
@@ -143,6 +171,7 @@ pub async fn serve_http(
             stream,
             peer,
             slot,
+            tls.clone(),
             app.clone(),
             Arc::clone(&limits),
             Arc::clone(&metrics),
@@ -159,22 +188,122 @@ pub async fn serve_http(
     }
 }
 
-fn refuse(stream: TcpStream) {
-    let _ = stream.try_write(REFUSAL);
+/// Closes a connection right after accept; a plain HTTP peer is told why first (a TLS
+/// peer would read the answer as a broken handshake, so it gets nothing).
+fn refuse(stream: TcpStream, tls: bool) {
+    if !tls {
+        let _ = stream.try_write(REFUSAL);
+    }
+}
+
+/// How a connection's handshake ended before HTTP could start.
+enum Handshake<S> {
+    Done(S),
+    Closed,
 }
 
 /// Serves one connection until it is upgraded, closes, times out, is evicted or the
 /// server shuts down. An upgraded connection lives on in the app's upgrade task, still
 /// holding its place in `max_connections` through [`GuardedStream`].
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: GuardedStream,
     peer: SocketAddr,
     slot: PendingSlot,
+    tls: Option<TlsAcceptor>,
     app: axum::Router,
     limits: Arc<ListenerLimits>,
     metrics: Arc<ListenerMetrics>,
     shutdown: CancellationToken,
 ) {
+    let accepted = Instant::now();
+    let deadline = tokio::time::sleep(limits.upgrade_timeout);
+    tokio::pin!(deadline);
+    let Some(acceptor) = tls else {
+        let head_timeout = limits.header_read_timeout;
+        serve_http1(
+            stream,
+            peer,
+            &slot,
+            app,
+            head_timeout,
+            deadline,
+            &metrics,
+            shutdown,
+        )
+        .await;
+        // The socket is closed (or lives on in the WebSocket) by now: only then does the
+        // slot tell an evicting accept loop that this connection is gone.
+        drop(slot);
+        return;
+    };
+    // The handshake gets the head's time, and the head what the handshake left of it.
+    let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+    let evicted = slot.evicted();
+    let handshake = tokio::select! {
+        result = handshake => match result {
+            Ok(Ok(stream)) => Handshake::Done(stream),
+            Ok(Err(error)) => {
+                metrics.tls_handshake_errors.inc();
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                Handshake::Closed
+            }
+            Err(_) => {
+                metrics.header_timeouts.inc();
+                tracing::debug!(%peer, "closed a connection whose TLS handshake did not complete in time");
+                Handshake::Closed
+            }
+        },
+        () = deadline.as_mut() => {
+            metrics.upgrade_timeouts.inc();
+            Handshake::Closed
+        }
+        () = evicted.cancelled() => {
+            tracing::debug!(%peer, "closed the oldest pending connection to make room");
+            Handshake::Closed
+        }
+        () = shutdown.cancelled() => Handshake::Closed,
+    };
+    if let Handshake::Done(stream) = handshake {
+        let head_timeout = limits
+            .header_read_timeout
+            .saturating_sub(accepted.elapsed())
+            .max(MIN_HEAD_TIME);
+        serve_http1(
+            stream,
+            peer,
+            &slot,
+            app,
+            head_timeout,
+            deadline,
+            &metrics,
+            shutdown,
+        )
+        .await;
+    }
+    drop(slot);
+}
+
+/// What is left for a request head after a TLS handshake that used (nearly) all of
+/// `header_read_timeout`: hyper needs a non-zero timeout, and a head sent in the same
+/// flight as the handshake's end must still be read.
+const MIN_HEAD_TIME: Duration = Duration::from_millis(10);
+
+/// HTTP/1.1 on an accepted (and, for TLS, handshaken) connection until it is upgraded,
+/// closes, times out, is evicted or the server shuts down.
+#[allow(clippy::too_many_arguments)]
+async fn serve_http1<S>(
+    stream: S,
+    peer: SocketAddr,
+    slot: &PendingSlot,
+    app: axum::Router,
+    head_timeout: Duration,
+    mut deadline: Pin<&mut tokio::time::Sleep>,
+    metrics: &ListenerMetrics,
+    shutdown: CancellationToken,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let promoter = slot.promoter();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         // A complete request head: the request itself decides from here on.
@@ -198,12 +327,10 @@ async fn serve_connection(
     {
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
+            .header_read_timeout(head_timeout)
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
         tokio::pin!(connection);
-        let deadline = tokio::time::sleep(limits.upgrade_timeout);
-        tokio::pin!(deadline);
         let evicted = slot.evicted();
         let mut draining = false;
         loop {
@@ -219,7 +346,7 @@ async fn serve_connection(
                     }
                     break;
                 }
-                () = &mut deadline => {
+                () = deadline.as_mut() => {
                     metrics.upgrade_timeouts.inc();
                     tracing::debug!(%peer, "closed a connection that was not upgraded in time");
                     break;
@@ -235,9 +362,6 @@ async fn serve_connection(
             }
         }
     }
-    // The socket is closed (or lives on in the WebSocket) by now: only then does the slot
-    // tell an evicting accept loop that this connection is gone.
-    drop(slot);
 }
 
 /// The listener's use of the descriptor reserve: accepted sockets inside it are refused,
@@ -406,6 +530,7 @@ struct ListenerMetrics {
     evicted_total: Counter,
     header_timeouts: Counter,
     upgrade_timeouts: Counter,
+    tls_handshake_errors: Counter,
     open: Gauge,
     pending: Gauge,
 }
@@ -447,12 +572,17 @@ impl ListenerMetrics {
             evicted_total: evicted("total"),
             header_timeouts: metrics::counter(
                 "exec_server_listener_header_timeouts_total",
-                "Connections closed because a request head did not arrive in time.",
+                "Connections closed because a request head (on TLS listeners: the handshake and the head) did not arrive in time.",
                 &label,
             ),
             upgrade_timeouts: metrics::counter(
                 "exec_server_listener_upgrade_timeouts_total",
                 "Connections closed because they were not upgraded in time.",
+                &label,
+            ),
+            tls_handshake_errors: metrics::counter(
+                "exec_server_listener_tls_handshake_errors_total",
+                "Connections closed because their TLS handshake failed (a stalled one counts as a header timeout).",
                 &label,
             ),
             open: metrics::gauge(
