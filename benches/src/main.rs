@@ -1,17 +1,21 @@
 //! The exec-server benchmark harness.
 //!
-//! `cargo run --release -p exec-server-bench -- [--quick] [--json] [--only ROW,…]` measures
-//! exec-server and, in the same run, the machine's own floor for the same work (a bare echo
-//! server, a raw pipe, a raw spawn), then prints one table (or one JSON object keyed by
-//! row).
+//! `cargo run --release -p exec-server-bench -- [--quick] [--json] [--no-codex] [--svg PATH] [--only ROW,…]`
+//! measures exec-server and, in the same run, the machine's own floor for the same work (a
+//! bare echo server, a raw pipe, a raw spawn) and, where codex is installed, the same rows
+//! against `codex exec-server`; then prints one table (or one JSON object keyed by row).
 //!
+//! * [`chart`] — the scaling rows as an SVG chart (`--svg PATH`).
 //! * [`report`] — rows, the table and the JSON output.
 //! * [`floors`] — the bare servers floors are measured against (this binary re-executed).
+//! * [`peer`] — finding codex, whose `exec-server` the peer rows run against.
 //! * [`target`] — starting the exec-server binary and reading its memory use.
 //! * [`wire`] — a minimal JSON-RPC client over WebSocket and stdio.
 //! * [`rows`] — one module per group of rows.
 
+mod chart;
 mod floors;
+mod peer;
 mod report;
 mod rows;
 mod target;
@@ -56,9 +60,10 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: exec-server-bench [--quick] [--json] [--only ROW[,ROW…]]");
+        println!("usage: exec-server-bench [--quick] [--json] [--no-codex] [--svg PATH] [--only ROW[,ROW…]]");
         return;
     }
+    peer::init(!args.iter().any(|a| a == "--no-codex"));
     // `--only read_file,spawn` runs just those rows (for profiling one path).
     let only: Option<Vec<String>> = args
         .iter()
@@ -75,6 +80,14 @@ fn main() {
         .expect("tokio runtime");
     let budget = Budget::new(quick);
     let rows = runtime.block_on(rows::run_all(budget, wanted));
+    if let Some(path) = args
+        .iter()
+        .position(|a| a == "--svg")
+        .and_then(|i| args.get(i + 1))
+    {
+        let svg = chart::scaling_svg(&rows, &target::machine_summary());
+        std::fs::write(path, svg).expect("write the SVG chart");
+    }
     if json {
         println!("{}", report::to_json(&rows));
     } else {

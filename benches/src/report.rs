@@ -28,11 +28,27 @@ pub struct Row {
     pub target: &'static str,
     /// Whether the target is met.
     pub met: bool,
+    /// The same row measured against `codex exec-server` with the same client, when codex
+    /// is installed (see [`crate::peer`]).
+    pub peer: Option<f64>,
 }
 
 impl Row {
     pub fn ratio(&self) -> Option<f64> {
         self.floor.filter(|f| *f > 0.0).map(|f| self.median / f)
+    }
+
+    /// The unit of the p99 column: a throughput row's p99 is its requests' round trip.
+    pub fn p99_unit(&self) -> Unit {
+        match self.unit {
+            Unit::PerSecond => Unit::Micros,
+            unit => unit,
+        }
+    }
+
+    /// Ours / codex's, read like [`Row::ratio`].
+    pub fn peer_ratio(&self) -> Option<f64> {
+        self.peer.filter(|p| *p > 0.0).map(|p| self.median / p)
     }
 }
 
@@ -49,15 +65,17 @@ fn format_value(unit: Unit, value: f64) -> String {
 pub fn table(rows: &[Row], machine: &str) -> String {
     let mut out = format!("exec-server benchmark — {machine}\n\n");
     out.push_str(&format!(
-        "| {:<13} | {:<58} | {:>12} | {:>12} | {:>12} | {:>6} | {:<20} | {:<4} |\n",
-        "row", "what", "median", "p99", "floor", "ratio", "target", "met"
+        "| {:<13} | {:<58} | {:>12} | {:>12} | {:>12} | {:>6} | {:>12} | {:>6} | {:<20} | {:<4} |\n",
+        "row", "what", "median", "p99", "floor", "ratio", "codex", "÷codex", "target", "met"
     ));
     out.push_str(&format!(
-        "|{}|{}|{}|{}|{}|{}|{}|{}|\n",
+        "|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|\n",
         "-".repeat(15),
         "-".repeat(60),
         "-".repeat(14),
         "-".repeat(14),
+        "-".repeat(14),
+        "-".repeat(8),
         "-".repeat(14),
         "-".repeat(8),
         "-".repeat(22),
@@ -65,17 +83,23 @@ pub fn table(rows: &[Row], machine: &str) -> String {
     ));
     for row in rows {
         out.push_str(&format!(
-            "| {:<13} | {:<58} | {:>12} | {:>12} | {:>12} | {:>6} | {:<20} | {:<4} |\n",
+            "| {:<13} | {:<58} | {:>12} | {:>12} | {:>12} | {:>6} | {:>12} | {:>6} | {:<20} | {:<4} |\n",
             row.key,
             row.what,
             format_value(row.unit, row.median),
             row.p99
-                .map(|v| format_value(row.unit, v))
+                .map(|v| format_value(row.p99_unit(), v))
                 .unwrap_or_else(|| "—".into()),
             row.floor
                 .map(|v| format_value(row.unit, v))
                 .unwrap_or_else(|| "—".into()),
             row.ratio()
+                .map(|r| format!("{r:.2}"))
+                .unwrap_or_else(|| "—".into()),
+            row.peer
+                .map(|v| format_value(row.unit, v))
+                .unwrap_or_else(|| "—".into()),
+            row.peer_ratio()
                 .map(|r| format!("{r:.2}"))
                 .unwrap_or_else(|| "—".into()),
             row.target,
@@ -85,7 +109,8 @@ pub fn table(rows: &[Row], machine: &str) -> String {
     out
 }
 
-/// One JSON object with a key per row: `median`, `p99` where it applies, `floor`, `ratio`.
+/// One JSON object with a key per row: `median`, `p99` where it applies, `floor`, `ratio`,
+/// and `codex` / `codex_ratio` where codex was measured too.
 pub fn to_json(rows: &[Row]) -> Value {
     let mut map = Map::new();
     for row in rows {
@@ -96,6 +121,8 @@ pub fn to_json(rows: &[Row]) -> Value {
                 "p99": row.p99,
                 "floor": row.floor,
                 "ratio": row.ratio(),
+                "codex": row.peer,
+                "codex_ratio": row.peer_ratio(),
                 "unit": match row.unit {
                     Unit::Micros => "us",
                     Unit::PerSecond => "per_s",

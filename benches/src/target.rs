@@ -1,7 +1,7 @@
 //! The processes under test: the exec-server binary and the floor servers, started fresh
 //! for each row and killed when dropped.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -31,6 +31,9 @@ pub struct WsProcess {
     pub child: Child,
     pub url: String,
     _stdout: BufReader<ChildStdout>,
+    /// codex only: its own `HOME`, and its process group (its launcher starts the real
+    /// binary as a child, which a kill of the launcher alone would leave running).
+    peer: Option<(tempfile_dir::TempHome, i32)>,
 }
 
 impl WsProcess {
@@ -47,6 +50,23 @@ impl WsProcess {
             .envs(env.iter().copied())
             .env("RUST_LOG", "error");
         Self::start(cmd).await
+    }
+
+    /// `codex exec-server --listen ws://127.0.0.1:0`, with an empty `HOME` of its own so it
+    /// reads no configuration of the machine's user.
+    pub async fn codex(bin: &Path) -> Self {
+        let home = tempfile_dir::TempHome::new();
+        let mut cmd = Command::new(bin);
+        cmd.args(["exec-server", "--listen", "ws://127.0.0.1:0"])
+            .env("HOME", home.path())
+            .env("CODEX_HOME", home.path())
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::null())
+            .process_group(0);
+        let mut process = Self::start(cmd).await;
+        let group = process.child.id().expect("running") as i32;
+        process.peer = Some((home, group));
+        process
     }
 
     /// The bare tokio-tungstenite echo server.
@@ -68,11 +88,69 @@ impl WsProcess {
             child,
             url: line.trim().to_owned(),
             _stdout: stdout,
+            peer: None,
         }
     }
 
+    /// The serving process: for codex the deepest descendant of its launcher.
     pub fn pid(&self) -> u32 {
-        self.child.id().expect("running")
+        let mut pid = self.child.id().expect("running");
+        if self.peer.is_some() {
+            while let Some(child) = first_child(pid) {
+                pid = child;
+            }
+        }
+        pid
+    }
+}
+
+impl Drop for WsProcess {
+    fn drop(&mut self) {
+        if let Some((_, group)) = &self.peer {
+            // SAFETY: signals the process group this value started; no memory involved.
+            unsafe { libc::kill(-*group, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The first child of `pid`, from `/proc/<pid>/task/<pid>/children`.
+fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A throw-away directory, removed when dropped.
+mod tempfile_dir {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    pub struct TempHome(PathBuf);
+
+    impl TempHome {
+        pub fn new() -> Self {
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "exec-server-bench-codex-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&path).expect("codex home");
+            Self(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempHome {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

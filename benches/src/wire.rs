@@ -162,7 +162,8 @@ pub(crate) async fn run_process(
     argv: &[&str],
     tty: bool,
 ) -> u64 {
-    let params = json!({"processId": process_id, "argv": argv, "cwd": "/", "env": {}, "tty": tty});
+    let params =
+        json!({"processId": process_id, "argv": argv, "cwd": "file:///", "env": {}, "tty": tty});
     run_started(conn, process_id, params).await
 }
 
@@ -173,7 +174,7 @@ pub(crate) async fn run_sandboxed_process(
     argv: &[&str],
     sandbox: &Value,
 ) -> u64 {
-    let params = json!({"processId": process_id, "argv": argv, "cwd": "/", "env": {},
+    let params = json!({"processId": process_id, "argv": argv, "cwd": "file:///", "env": {},
                         "tty": false, "sandbox": sandbox});
     run_started(conn, process_id, params).await
 }

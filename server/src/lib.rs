@@ -28,6 +28,7 @@ pub mod fair_slots;
 pub mod helpers;
 pub mod hygiene;
 pub mod in_process;
+mod memory_trim;
 pub mod metrics;
 pub mod outbound;
 pub mod plugin;

@@ -56,9 +56,9 @@ impl Outbound {
     /// Encodes and queues one response, waiting for room. A response above the
     /// transport's limit is replaced by the "response too large" error for the same id.
     pub(crate) async fn respond(&self, id: &RequestId, result: Result<Box<RawValue>, RpcError>) {
-        let mut frame = match &result {
-            Ok(raw) => encode_result(id, raw),
-            Err(error) => encode_error(id, error),
+        let mut frame = match result {
+            Ok(raw) => frame_result(id, raw),
+            Err(error) => encode_error(id, &error),
         };
         if let Some(limit) = self.max_bytes {
             if frame.len() > limit {
@@ -140,6 +140,29 @@ impl Outbound {
     }
 }
 
+/// Answers at least this large are framed in the handler's own buffer.
+const FRAME_IN_PLACE_BYTES: usize = 64 * 1024;
+
+/// `{"id":…,"result":<raw>}`, byte for byte what [`encode_result`] writes. A large answer
+/// (a whole file as base64) is framed around the buffer it already lives in: growing it by
+/// a few bytes and moving its text up costs far less than a fresh buffer of that size
+/// (whose every page must first be faulted in) and a copy into it.
+fn frame_result(id: &RequestId, raw: Box<RawValue>) -> String {
+    if raw.get().len() < FRAME_IN_PLACE_BYTES {
+        return encode_result(id, &raw);
+    }
+    let marker = RawValue::from_string("0".to_owned()).expect("0 is JSON");
+    let probe = encode_result(id, &marker);
+    let Some(head) = probe.strip_suffix("0}") else {
+        return encode_result(id, &raw);
+    };
+    let mut frame = String::from(Box::<str>::from(raw));
+    frame.reserve_exact(head.len() + 1);
+    frame.insert_str(0, head);
+    frame.push('}');
+    frame
+}
+
 /// The transport's end of a connection's queue.
 pub struct OutboundDrain {
     rx: mpsc::Receiver<String>,
@@ -193,6 +216,18 @@ mod tests {
         assert_eq!(batch.len(), 3);
         drop(outbound);
         assert!(!drain.next_batch(&mut batch).await);
+    }
+
+    #[test]
+    fn large_answers_are_framed_in_place_exactly_as_small_ones_are_encoded() {
+        for len in [10, FRAME_IN_PLACE_BYTES, FRAME_IN_PLACE_BYTES * 3] {
+            let text = format!(r#"{{"dataBase64":"{}"}}"#, "QUJD".repeat(len / 4));
+            let raw = RawValue::from_string(text).unwrap();
+            for id in [RequestId::Int(7), RequestId::Str("a\"b".into())] {
+                let expected = encode_result(&id, &raw);
+                assert_eq!(frame_result(&id, raw.clone()), expected);
+            }
+        }
     }
 
     #[tokio::test]

@@ -313,8 +313,20 @@ where
     async fn call(&self, cx: Call, params: Value) -> Result<Box<RawValue>, RpcError> {
         let params = decode_params::<P>(params)?;
         let result = (self.handler)(cx, params).await?;
-        encode_result(&result)
+        encode_owned_result(result)
     }
+}
+
+/// Like [`encode_result`], but a handler that already made its answer's JSON (a
+/// `Box<RawValue>`, e.g. a whole file as base64) hands it on as it is: re-serializing it
+/// would copy every byte once more.
+fn encode_owned_result<R: Serialize + 'static>(result: R) -> Result<Box<RawValue>, RpcError> {
+    let mut slot = Some(result);
+    let any: &mut dyn std::any::Any = &mut slot;
+    if let Some(raw) = any.downcast_mut::<Option<Box<RawValue>>>() {
+        return Ok(raw.take().expect("the slot was filled above"));
+    }
+    encode_result(slot.as_ref().expect("only a raw value is taken out"))
 }
 
 /// Decodes `params` as `P`; failures are -32602 with the decoder's text (PROTOCOL §2.3).
@@ -344,5 +356,22 @@ impl<'de> serde::Deserialize<'de> for NoParams {
                 "params must be null or an object for a method without parameters",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raw_answer_is_handed_on_and_any_other_is_serialized() {
+        let raw = RawValue::from_string(r#"{"dataBase64":"aGk="}"#.to_owned()).unwrap();
+        let address = raw.get().as_ptr();
+        let passed = encode_owned_result(raw).unwrap();
+        // The same buffer, not a copy of it.
+        assert_eq!(passed.get().as_ptr(), address);
+        assert_eq!(passed.get(), r#"{"dataBase64":"aGk="}"#);
+        let encoded = encode_owned_result(serde_json::json!({"a": [1, 2]})).unwrap();
+        assert_eq!(encoded.get(), r#"{"a":[1,2]}"#);
     }
 }

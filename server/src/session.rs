@@ -244,6 +244,7 @@ impl SessionRegistry {
         }
         self.lock().remove(&session.id);
         session.extensions.end_all();
+        crate::memory_trim::session_ended();
     }
 
     /// Ends every session (server shutdown).

@@ -76,6 +76,7 @@ pub async fn fs_victim(budget: crate::Budget) -> Vec<Row> {
             floor: None,
             target: "(reference)",
             met: true,
+            peer: None,
         },
         Row {
             key: "victim_flood",
@@ -86,6 +87,7 @@ pub async fn fs_victim(budget: crate::Budget) -> Vec<Row> {
             floor: Some(alone_median),
             target: "p99 ≤ 100 ms",
             met: p99 <= TARGET_P99.as_secs_f64() * 1e6,
+            peer: None,
         },
     ]
 }

@@ -46,7 +46,7 @@ async fn process_flood(url: &str) -> Neighbour {
             let first = next;
             for _ in 0..FLOOD_DEPTH {
                 let start = json!({"id": next as i64 + 1, "method": "process/start", "params":
-                    {"processId": format!("flood-{next}"), "argv": ["/bin/true"], "cwd": "/",
+                    {"processId": format!("flood-{next}"), "argv": ["/bin/true"], "cwd": "file:///",
                      "env": {}, "tty": false}});
                 ws.send_text(start.to_string()).await;
                 next += 1;
@@ -75,7 +75,7 @@ async fn output_flood(url: &str) -> Neighbour {
     wire::handshake(&mut ws).await;
     for i in 0..OUTPUT_WRITERS {
         let params = json!({"processId": format!("writer-{i}"),
-            "argv": ["head", "-c", "1099511627776", "/dev/zero"], "cwd": "/", "env": {},
+            "argv": ["head", "-c", "1099511627776", "/dev/zero"], "cwd": "file:///", "env": {},
             "tty": false});
         wire::call(&mut ws, i as i64 + 1, "process/start", params).await;
     }
@@ -93,7 +93,7 @@ async fn spawn_samples(conn: &mut impl Rpc, prefix: &str, count: usize) -> Vec<D
     for i in 0..count {
         let id = 10_000_000 + i as i64;
         let start = json!({"id": id, "method": "process/start", "params":
-            {"processId": format!("{prefix}-{i}"), "argv": ["/bin/true"], "cwd": "/",
+            {"processId": format!("{prefix}-{i}"), "argv": ["/bin/true"], "cwd": "file:///",
              "env": {}, "tty": false}});
         let started = Instant::now();
         let reply = wire::round_trip(conn, &start.to_string(), id).await;
@@ -123,6 +123,7 @@ fn row(
         floor: Some(floor),
         target: "p99 ≤ 100 ms",
         met: p99 <= VICTIM_P99_MICROS,
+        peer: None,
     }
 }
 

@@ -1,11 +1,11 @@
-//! Memory: the server's resident set at rest and per idle connection.
+//! Memory: the server's resident set at rest, per idle connection at 100, 1,000 and 10,000
+//! connections, and after they all closed again.
 
 use std::time::Duration;
 
 use crate::report::{Row, Unit};
 use crate::target::{rss_kib, WsProcess};
 use crate::wire;
-use crate::Budget;
 
 /// Lets the server settle (allocator, lazily started threads) before reading its RSS.
 pub async fn settled_rss(pid: u32) -> f64 {
@@ -16,6 +16,12 @@ pub async fn settled_rss(pid: u32) -> f64 {
 pub async fn rss_idle() -> Row {
     let server = WsProcess::exec_server(&[]).await;
     let kib = settled_rss(server.pid()).await;
+    drop(server);
+    let peer = crate::peer::measure(
+        "rss_idle",
+        |codex| async move { settled_rss(codex.pid()).await },
+    )
+    .await;
     Row {
         key: "rss_idle",
         what: "server RSS after start",
@@ -25,31 +31,105 @@ pub async fn rss_idle() -> Row {
         floor: None,
         target: "≤ 16 MiB",
         met: kib <= 16.0 * 1024.0,
+        peer,
     }
 }
 
-pub async fn rss_per_conn(budget: Budget) -> Row {
-    raise_fd_limit();
-    let server = WsProcess::exec_server(&[]).await;
-    let before = settled_rss(server.pid()).await;
-    let mut connections = Vec::with_capacity(budget.memory_units);
-    for _ in 0..budget.memory_units {
+/// The idle-connection counts of the scaling curve, with their row keys.
+pub const CONNECTIONS: [(&str, &str, usize); 3] = [
+    (
+        "rss_conn_100",
+        "extra RSS per idle initialized websocket connection (100)",
+        100,
+    ),
+    (
+        "rss_per_conn",
+        "extra RSS per idle initialized websocket connection (1,000)",
+        1_000,
+    ),
+    (
+        "rss_conn_10k",
+        "extra RSS per idle initialized websocket connection (10,000)",
+        10_000,
+    ),
+];
+
+/// Enough connections for the largest row, with the usual headroom.
+const MAX_CONNECTIONS: &str = "20000";
+/// A closed connection's session is kept for a resume this long; short here, so that
+/// `rss_closed` sees the memory of connections and sessions both given back.
+const DETACHED_TTL_MS: &str = "200";
+
+/// What opening `count` idle connections to `server` costs: the RSS before (after one
+/// connection came and went, so lazily made machinery is in the baseline), the extra
+/// KiB per connection, and the RSS once they all closed again.
+async fn per_connection(server: &WsProcess, count: usize) -> (f64, f64, f64) {
+    let pid = server.pid();
+    drop(wire::ws_connect(&server.url).await);
+    let before = settled_rss(pid).await;
+    let mut connections = Vec::with_capacity(count);
+    for _ in 0..count {
         let mut ws = wire::ws_connect(&server.url).await;
         wire::handshake(&mut ws).await;
         connections.push(ws);
     }
-    let after = settled_rss(server.pid()).await;
-    let per_conn = (after - before) / budget.memory_units as f64;
-    Row {
-        key: "rss_per_conn",
-        what: "extra RSS per idle initialized websocket connection (1,000)",
-        unit: Unit::KiB,
-        median: per_conn,
-        p99: None,
-        floor: None,
-        target: "≤ 64 KiB",
-        met: per_conn <= 64.0,
+    let during = settled_rss(pid).await;
+    drop(connections);
+    // Closing 10,000 connections and expiring their sessions takes the server a moment.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let after = settled_rss(pid).await;
+    (before, (during - before) / count as f64, after)
+}
+
+/// `rss_conn_100`, `rss_per_conn`, `rss_conn_10k` and, after the largest, `rss_closed`.
+pub async fn rss_per_conn(wanted: impl Fn(&str) -> bool) -> Vec<Row> {
+    raise_fd_limit();
+    let mut rows = Vec::new();
+    for (key, what, count) in CONNECTIONS {
+        let closed_row_wanted = count == 10_000 && wanted("rss_closed");
+        if !wanted(key) && !closed_row_wanted {
+            continue;
+        }
+        let server = WsProcess::exec_server_with_env(
+            &[],
+            &[
+                ("EXEC_SERVER_LISTENER__MAX_CONNECTIONS", MAX_CONNECTIONS),
+                ("EXEC_SERVER_SESSION__DETACHED_TTL_MS", DETACHED_TTL_MS),
+            ],
+        )
+        .await;
+        let (before, per_conn, after) = per_connection(&server, count).await;
+        drop(server);
+        let peer = crate::peer::measure(key, move |codex| async move {
+            per_connection(&codex, count).await.1
+        })
+        .await;
+        rows.push(Row {
+            key,
+            what,
+            unit: Unit::KiB,
+            median: per_conn,
+            p99: None,
+            floor: None,
+            target: "≤ 16 KiB",
+            met: per_conn <= 16.0,
+            peer,
+        });
+        if count == 10_000 {
+            rows.push(Row {
+                key: "rss_closed",
+                what: "server RSS once the 10,000 connections and sessions ended (floor: before)",
+                unit: Unit::KiB,
+                median: after,
+                p99: None,
+                floor: Some(before),
+                target: "≤ 1.1× floor",
+                met: after <= 1.1 * before,
+                peer: None,
+            });
+        }
     }
+    rows
 }
 
 /// Many connections need more descriptors than the usual soft limit of 1,024.

@@ -14,10 +14,24 @@ mod stats;
 use crate::report::Row;
 use crate::Budget;
 
+/// The relay rows; asking for any runs the per-suite rows of both suites (one rendezvous and
+/// executor per suite), and the stream-count rows that are wanted.
+const RELAY_ROWS: [&str; 9] = [
+    "relay_connect_ik",
+    "rtt_relay_ik",
+    "relay_out_ik",
+    "relay_connect_hybrid",
+    "rtt_relay_hybrid",
+    "relay_out_hybrid",
+    "relay_rps_1",
+    "relay_rps_16",
+    "relay_rps_128",
+];
+
 /// Runs every row `wanted` accepts and returns them in table order. The relay rows need
 /// `rtt_ws` and `pipe_out` as their floors, so those run whenever a relay row is wanted.
 pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> {
-    let relay = wanted("rtt_relay") || wanted("relay_out");
+    let relay = RELAY_ROWS.iter().any(|k| wanted(k));
     let mut rows = Vec::new();
     let mut rtt_ws_median = 0.0;
     if wanted("rtt_ws") || relay {
@@ -25,17 +39,18 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
         rtt_ws_median = row.median;
         rows.push(row);
     }
+    if wanted("rtt_meta") {
+        rows.push(rtt::rtt_meta(budget).await);
+    }
     if wanted("rtt_stdio") {
         rows.push(rtt::rtt_stdio(budget).await);
     }
-    if ["rps_ws_1", "rps_ws_8", "rps_ws_64"]
-        .iter()
-        .any(|k| wanted(k))
-    {
-        rows.extend(rps::rps_ws(budget).await);
-    }
+    rows.extend(rps::rps_ws(budget, &wanted).await);
     if wanted("spawn") {
         rows.push(process::spawn(budget).await);
+    }
+    if wanted("spawn_8") {
+        rows.push(process::spawn_8(budget).await);
     }
     if wanted("sandbox_spawn") {
         rows.push(process::sandbox_spawn(budget).await);
@@ -62,7 +77,12 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
         rows.extend(fair_fs::fs_victim(budget).await);
     }
     if relay {
-        rows.extend(relay::relay_rows(budget, rtt_ws_median, pipe_out_rate).await);
+        let floors = relay::LocalFloors {
+            rtt_ws: rtt_ws_median,
+            pipe_out: pipe_out_rate,
+            ws_connect: relay::local_connect(budget).await,
+        };
+        rows.extend(relay::relay_rows(budget, floors, &wanted).await);
     }
     if [
         "reg_memory",
@@ -91,9 +111,7 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("rss_idle") {
         rows.push(memory::rss_idle().await);
     }
-    if wanted("rss_per_conn") {
-        rows.push(memory::rss_per_conn(budget).await);
-    }
+    rows.extend(memory::rss_per_conn(&wanted).await);
     if wanted("rss_per_proc") {
         rows.push(process::rss_per_proc(budget).await);
     }

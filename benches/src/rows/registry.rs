@@ -249,6 +249,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: None,
             target: "≥ 1000/s",
             met: reg_memory >= 1_000.0,
+            peer: None,
         },
         Row {
             key: "conn_memory",
@@ -259,6 +260,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: None,
             target: "≥ 1000/s",
             met: conn_memory >= 1_000.0,
+            peer: None,
         },
         Row {
             key: "conn_us_mem",
@@ -269,6 +271,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: None,
             target: "≤ 2 ms",
             met: lat_memory <= 2_000.0,
+            peer: None,
         },
     ];
     let Some(redis) = Redis::start().await else {
@@ -293,6 +296,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: Some(reg_memory),
             target: "≥ 0.5× floor",
             met: reg_one >= 0.5 * reg_memory,
+            peer: None,
         },
         Row {
             key: "reg_redis_2",
@@ -303,6 +307,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: Some(reg_memory),
             target: "≥ 0.5× floor",
             met: reg_two >= 0.5 * reg_memory,
+            peer: None,
         },
         Row {
             key: "conn_redis",
@@ -313,6 +318,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: Some(conn_memory),
             target: "≥ 0.5× floor",
             met: conn_one >= 0.5 * conn_memory,
+            peer: None,
         },
         Row {
             key: "conn_redis_2",
@@ -323,6 +329,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: Some(conn_memory),
             target: "≥ 0.5× floor",
             met: conn_two >= 0.5 * conn_memory,
+            peer: None,
         },
         Row {
             key: "conn_us_redis",
@@ -333,6 +340,7 @@ pub async fn registry_rows(budget: Budget) -> Vec<Row> {
             floor: Some(lat_memory),
             target: "≤ floor + 500 µs",
             met: lat_redis <= lat_memory + 500.0,
+            peer: None,
         },
     ]);
     rows

@@ -1,8 +1,10 @@
-//! The relay: round trips and output throughput through a real `exec-server rendezvous`,
-//! against the local websocket measured in the same run; and the Noise handshake of each
-//! suite, codex's hybrid one against the classic one measured in the same run.
+//! The relay, in each Noise suite: connect time, round trips and output throughput
+//! through a real `exec-server rendezvous` against the local websocket measured in the
+//! same run, requests/s with 1, 16 and 128 streams; and the Noise handshake of each suite,
+//! codex's hybrid one against the classic one measured in the same run.
 
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exec_server_relay_core::harness::{
@@ -28,6 +30,7 @@ const ENVIRONMENT: &str = "env-bench";
 /// A rendezvous service and one executor registered with it.
 struct RelayPair {
     url: String,
+    suite: &'static dyn NoiseSuite,
     _rendezvous: Child,
     _executor: Child,
     _config: std::path::PathBuf,
@@ -37,10 +40,25 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The suites the relay rows run in, with their row-key suffix.
+const SUITES: [(&str, &dyn NoiseSuite); 2] = [("ik", &IkSuite), ("hybrid", &HybridIkSuite)];
+
+/// Streams of the relay scaling rows; the executor allows a few more than the largest.
+const STREAMS: [(&str, usize); 3] = [
+    ("relay_rps_1", 1),
+    ("relay_rps_16", 16),
+    ("relay_rps_128", 128),
+];
+const MAX_STREAMS: &str = "160";
+
 impl RelayPair {
-    async fn start() -> Self {
-        let config =
-            std::env::temp_dir().join(format!("exec-server-bench-rdv-{}.toml", std::process::id()));
+    /// A rendezvous and an executor registered with `suite`.
+    async fn start(suite: &'static dyn NoiseSuite) -> Self {
+        let config = std::env::temp_dir().join(format!(
+            "exec-server-bench-rdv-{}-{}.toml",
+            std::process::id(),
+            suite.security_profile()
+        ));
         std::fs::write(
             &config,
             format!(
@@ -70,6 +88,11 @@ impl RelayPair {
         let executor = Command::new(server_binary())
             .args(["--remote", &url, "--environment-id", ENVIRONMENT])
             .env("EXEC_SERVER_RELAY_TOKEN", EXECUTOR_TOKEN)
+            .env(
+                "EXEC_SERVER_RELAY__SECURITY_PROFILE",
+                suite.security_profile(),
+            )
+            .env("EXEC_SERVER_RELAY__MAX_STREAMS", MAX_STREAMS)
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .kill_on_drop(true)
@@ -77,15 +100,19 @@ impl RelayPair {
             .expect("spawn executor");
         Self {
             url,
+            suite,
             _rendezvous: rendezvous,
             _executor: executor,
             _config: config,
         }
     }
 
-    /// A relay stream, retrying while the executor is still registering.
+    /// A relay stream keyed for this pair's suite, retrying while the executor is still
+    /// registering.
     async fn connect(&self) -> RelayConnection {
-        let args = RelayConnectArgs::new(&self.url, ENVIRONMENT, SecretString::new(HARNESS_TOKEN));
+        let mut args =
+            RelayConnectArgs::new(&self.url, ENVIRONMENT, SecretString::new(HARNESS_TOKEN));
+        args.identity = Some(Arc::new(NoiseIdentity::generate_for(self.suite)));
         for _ in 0..200 {
             match connect_relay(args.clone()).await {
                 Ok(connection) => return connection,
@@ -105,43 +132,183 @@ impl Drop for RelayPair {
     }
 }
 
-/// `rtt_relay` (floor: the `rtt_ws` median of this run) and `relay_out` (floor: the
-/// `pipe_out` rate of this run).
-pub async fn relay_rows(budget: Budget, rtt_ws: f64, pipe_out: f64) -> Vec<Row> {
-    let pair = RelayPair::start().await;
-    let mut stream = pair.connect().await;
-    wire::handshake(&mut stream).await;
-    let (median, p99) = median_p99(&mut rpc_samples(&mut stream, budget.round_trips / 4).await);
-
-    let bytes: u64 = 256 << 20;
-    let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+/// Requests per second and p99 (µs) of `streams` relay streams each doing sequential
+/// `environment/status` round trips for `window`.
+async fn relay_requests_per_second(
+    pair: &RelayPair,
+    streams: usize,
+    window: Duration,
+) -> (f64, f64) {
+    let mut clients = Vec::with_capacity(streams);
+    for _ in 0..streams {
+        let mut stream = pair.connect().await;
+        wire::handshake(&mut stream).await;
+        clients.push(stream);
+    }
     let started = Instant::now();
-    let total = wire::run_process(&mut stream, "out", &argv, false).await;
-    assert_eq!(total, bytes, "every byte delivered");
-    let rate = total as f64 / started.elapsed().as_secs_f64();
-    vec![
-        Row {
-            key: "rtt_relay",
-            what: "environment/status round trip through exec-server rendezvous",
+    let deadline = started + window;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut stream| {
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut id = 1i64;
+                while Instant::now() < deadline {
+                    let text = format!(r#"{{"id":{id},"method":"environment/status"}}"#);
+                    let sent = Instant::now();
+                    wire::round_trip(&mut stream, &text, id).await;
+                    latencies.push(sent.elapsed());
+                    id += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("stream task"));
+    }
+    let rate = all.len() as f64 / started.elapsed().as_secs_f64();
+    (rate, median_p99(&mut all).1)
+}
+
+/// What the relay rows are compared with, measured earlier in the same run.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalFloors {
+    /// `rtt_ws` median, µs.
+    pub rtt_ws: f64,
+    /// `pipe_out` rate: process output delivered over a local websocket, bytes/s.
+    pub pipe_out: f64,
+    /// Time to open and initialize a local websocket connection, µs.
+    pub ws_connect: f64,
+}
+
+/// Median µs of opening and initializing a local websocket connection to exec-server,
+/// the floor of the relay's connect rows.
+pub async fn local_connect(budget: Budget) -> f64 {
+    let server = crate::target::WsProcess::exec_server(&[]).await;
+    let mut samples = Vec::new();
+    for _ in 0..connect_count(budget) {
+        let started = Instant::now();
+        let mut ws = wire::ws_connect(&server.url).await;
+        wire::handshake(&mut ws).await;
+        samples.push(started.elapsed());
+    }
+    median_p99(&mut samples).0
+}
+
+/// Connects timed per suite (each one costs registry requests, which are rate limited).
+fn connect_count(budget: Budget) -> usize {
+    (budget.round_trips / 200).clamp(20, 100)
+}
+
+/// Per suite: `relay_connect_*` (a whole new stream: registry, rendezvous, Noise, then
+/// `initialize`; floor: a local websocket connect + `initialize`), `rtt_relay_*` (floor:
+/// the `rtt_ws` median of this run), `relay_out_*` (floor: the `pipe_out` rate of this
+/// run); then, in the default suite, requests/s with 1, 16 and 128 streams against the
+/// same over local websockets.
+pub async fn relay_rows(
+    budget: Budget,
+    floors: LocalFloors,
+    wanted: impl Fn(&str) -> bool,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (suffix, suite) in SUITES {
+        let pair = RelayPair::start(suite).await;
+        let mut stream = pair.connect().await;
+        wire::handshake(&mut stream).await;
+
+        let mut connects = Vec::new();
+        for _ in 0..connect_count(budget) {
+            let started = Instant::now();
+            let mut other = pair.connect().await;
+            wire::handshake(&mut other).await;
+            connects.push(started.elapsed());
+        }
+        let (connect, connect_p99) = median_p99(&mut connects);
+        rows.push(Row {
+            key: leak(format!("relay_connect_{suffix}")),
+            what: leak(format!(
+                "new relay stream ({suffix}) until initialized: registry, Noise, initialize"
+            )),
+            unit: Unit::Micros,
+            median: connect,
+            p99: Some(connect_p99),
+            floor: Some(floors.ws_connect),
+            target: "(reported)",
+            met: true,
+            peer: None,
+        });
+
+        let (median, p99) = median_p99(&mut rpc_samples(&mut stream, budget.round_trips / 4).await);
+        rows.push(Row {
+            key: leak(format!("rtt_relay_{suffix}")),
+            what: leak(format!(
+                "environment/status round trip through the relay ({suffix})"
+            )),
             unit: Unit::Micros,
             median,
             p99: Some(p99),
-            floor: Some(rtt_ws),
-            target: "≤ floor + 150 µs",
-            met: median <= rtt_ws + 150.0,
-        },
-        Row {
-            key: "relay_out",
-            what: "pipe_out (256 MiB) through the relay",
+            floor: Some(floors.rtt_ws),
+            target: "≤ floor + 50 µs",
+            met: median <= floors.rtt_ws + 50.0,
+            peer: None,
+        });
+
+        let bytes: u64 = 256 << 20;
+        let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let started = Instant::now();
+        let total = wire::run_process(&mut stream, "out", &argv, false).await;
+        assert_eq!(total, bytes, "every byte delivered");
+        let rate = total as f64 / started.elapsed().as_secs_f64();
+        rows.push(Row {
+            key: leak(format!("relay_out_{suffix}")),
+            what: leak(format!(
+                "pipe_out (256 MiB) through the relay ({suffix}) vs local websocket"
+            )),
             unit: Unit::BytesPerSecond,
             median: rate,
             p99: None,
-            floor: Some(pipe_out),
-            target: "≥ 0.7× floor",
-            met: rate >= 0.7 * pipe_out,
-        },
-    ]
+            floor: Some(floors.pipe_out),
+            target: "≥ 0.8× floor",
+            met: rate >= 0.8 * floors.pipe_out,
+            peer: None,
+        });
+        drop(stream);
+
+        if suite.name() != exec_server_relay_core::noise::DEFAULT_SUITE.name() {
+            continue;
+        }
+        for (key, streams) in STREAMS {
+            if !wanted(key) {
+                continue;
+            }
+            let (rate, p99) = relay_requests_per_second(&pair, streams, budget.rps_window).await;
+            let local = crate::target::WsProcess::exec_server(&[]).await;
+            let (local_rate, _) =
+                super::rps::requests_per_second(&local.url, true, streams, budget).await;
+            rows.push(Row {
+                key,
+                what: leak(format!(
+                    "requests/s, {streams} relay stream(s) ({suffix}) vs local websockets"
+                )),
+                unit: Unit::PerSecond,
+                median: rate,
+                p99: Some(p99),
+                floor: Some(local_rate),
+                target: "≥ 0.8× floor",
+                met: rate >= 0.8 * local_rate,
+                peer: None,
+            });
+        }
+    }
+    rows
+}
+
+/// Row keys and texts made at run time live as long as the run.
+fn leak(text: String) -> &'static str {
+    Box::leak(text.into_boxed_str())
 }
 
 /// One whole handshake of `suite` between two fresh per-stream states (keys fixed): msg1
@@ -209,6 +376,7 @@ pub fn handshake_rows(budget: Budget) -> Vec<Row> {
             floor: None,
             target: "≤ 2 ms",
             met: classic <= 2_000.0,
+            peer: None,
         },
         Row {
             key: "handshake_hybrid",
@@ -219,6 +387,7 @@ pub fn handshake_rows(budget: Budget) -> Vec<Row> {
             floor: Some(classic),
             target: "≤ floor + 2 ms",
             met: hybrid <= classic + 2_000.0,
+            peer: None,
         },
     ]
 }

@@ -1,4 +1,5 @@
-//! Sequential round trips: `environment/status` against a bare echo of the same bytes.
+//! Sequential round trips: `environment/status` and `fs/getMetadata` against a bare echo
+//! of the same bytes, and against codex with the same client.
 
 use std::time::{Duration, Instant};
 
@@ -27,12 +28,22 @@ async fn samples(count: usize, mut round_trip: impl AsyncFnMut(i64)) -> Vec<Dura
     samples
 }
 
-async fn ws_samples(url: &str, handshake: bool, count: usize) -> Vec<Duration> {
+/// Round trips of `request(id)` on a new connection to `url` (initialized unless it is
+/// the echo floor).
+async fn ws_samples(
+    url: &str,
+    handshake: bool,
+    count: usize,
+    request: fn(i64) -> String,
+) -> Vec<Duration> {
     let mut ws = wire::ws_connect(url).await;
     if handshake {
         wire::handshake(&mut ws).await;
     }
-    rpc_samples(&mut ws, count).await
+    samples(count, async |id| {
+        wire::round_trip(&mut ws, &request(id), id).await;
+    })
+    .await
 }
 
 /// Round trips of `environment/status` on an initialized connection of any kind.
@@ -43,22 +54,67 @@ pub(crate) async fn rpc_samples(conn: &mut impl wire::Rpc, count: usize) -> Vec<
     .await
 }
 
-pub async fn rtt_ws(budget: Budget) -> Row {
+/// Median and p99 of `request` against the echo floor, exec-server, and codex's median.
+async fn ws_row_numbers(
+    key: &str,
+    count: usize,
+    request: fn(i64) -> String,
+) -> (f64, f64, f64, Option<f64>) {
     let floor = WsProcess::echo_floor().await;
-    let (floor_median, _) =
-        median_p99(&mut ws_samples(&floor.url, false, budget.round_trips).await);
+    let (floor_median, _) = median_p99(&mut ws_samples(&floor.url, false, count, request).await);
     drop(floor);
     let server = WsProcess::exec_server(&[]).await;
-    let (median, p99) = median_p99(&mut ws_samples(&server.url, true, budget.round_trips).await);
+    let (median, p99) = median_p99(&mut ws_samples(&server.url, true, count, request).await);
+    drop(server);
+    let peer = crate::peer::measure(key, move |codex| async move {
+        median_p99(&mut ws_samples(&codex.url, true, count, request).await).0
+    })
+    .await;
+    (median, p99, floor_median, peer)
+}
+
+pub async fn rtt_ws(budget: Budget) -> Row {
+    let (median, p99, floor, peer) =
+        ws_row_numbers("rtt_ws", budget.round_trips, status_request).await;
     Row {
         key: "rtt_ws",
         what: "environment/status round trip over websocket",
         unit: Unit::Micros,
         median,
         p99: Some(p99),
-        floor: Some(floor_median),
+        floor: Some(floor),
         target: "≤ 1.5× floor",
-        met: median <= 1.5 * floor_median,
+        met: median <= 1.5 * floor,
+        peer,
+    }
+}
+
+/// The file every `fs/getMetadata` round trip asks about: the benchmark binary itself,
+/// which exists for as long as the run.
+fn metadata_request(id: i64) -> String {
+    static URI: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let uri = URI.get_or_init(|| {
+        let me = std::env::current_exe().expect("own path");
+        format!("file://{}", me.display())
+    });
+    format!(r#"{{"id":{id},"method":"fs/getMetadata","params":{{"path":"{uri}"}}}}"#)
+}
+
+/// The small request of the requirement: one `fs/getMetadata` (a blocking `stat` on the
+/// server) per round trip.
+pub async fn rtt_meta(budget: Budget) -> Row {
+    let (median, p99, floor, peer) =
+        ws_row_numbers("rtt_meta", budget.round_trips, metadata_request).await;
+    Row {
+        key: "rtt_meta",
+        what: "fs/getMetadata round trip over websocket",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor),
+        target: "≤ 1.2× floor, ≤ 0.8× codex",
+        met: median <= 1.2 * floor && peer.is_none_or(|p| median <= 0.8 * p),
+        peer,
     }
 }
 
@@ -86,5 +142,6 @@ pub async fn rtt_stdio(budget: Budget) -> Row {
         floor: Some(floor_median),
         target: "≤ 1.5× floor",
         met: median <= 1.5 * floor_median,
+        peer: None,
     }
 }

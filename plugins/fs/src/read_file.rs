@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use exec_server_core::proto::bytes::base64_json;
+use exec_server_core::proto::bytes::base64_object;
 use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult, READ_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
@@ -18,18 +18,22 @@ use crate::paths::{helper_path, host_path};
 use crate::payload::Base64Bytes;
 use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
 
+/// The answer, `{"dataBase64":"…"}`, made as raw JSON in one buffer (the server hands a raw
+/// answer on without serializing it again).
 pub(crate) async fn handle(
     config: Arc<FsState>,
     cx: Call,
     params: ReadFileParams,
-) -> Result<ReadFileResult<Box<RawValue>>, RpcError> {
+) -> Result<Box<RawValue>, RpcError> {
     let data = execute_params::<ReadFile>(&config, cx.session(), params).await?;
     // Encoding a large file takes tens of milliseconds: do it off the reactor threads too,
     // so the answer is only copied, never computed, where other connections are served.
-    let encode = move |_| Ok(base64_json(&data));
-    let data_base64 = config.pool.run(cx.session(), READ_FILE, encode).await?;
-    Ok(ReadFileResult { data_base64 })
+    let encode = move |_| Ok(base64_object(DATA_BASE64, &data));
+    config.pool.run(cx.session(), READ_FILE, encode).await
 }
+
+/// The member of `ReadFileResult` that carries the bytes, as serde names it.
+const DATA_BASE64: &str = "dataBase64";
 
 /// `fs/readFile` with its defaults applied.
 #[derive(Debug)]
@@ -88,5 +92,18 @@ impl FsOperation for ReadFile {
             return Err(RpcError::file_too_large(self.limit));
         }
         Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_raw_answer_is_the_serialized_result() {
+        let raw = base64_object(DATA_BASE64, b"payload\n");
+        let result: ReadFileResult = serde_json::from_str(raw.get()).unwrap();
+        assert_eq!(result.data_base64, "cGF5bG9hZAo=");
+        assert_eq!(raw.get(), serde_json::to_string(&result).unwrap());
     }
 }

@@ -36,7 +36,7 @@ const FD_RESERVE_KEY: &str = "process.fd_reserve";
 /// start's handler.
 pub(crate) const DESCRIPTORS_TO_PREPARE: u64 = 8;
 /// Descriptors the spawner opens for a start: the keeper's status pipe and its pidfd.
-/// Checked by the spawner thread, which creates one process at a time.
+/// Checked by the spawner thread that creates the process, under the reserve's lock.
 pub(crate) const DESCRIPTORS_TO_SPAWN: u64 = 3;
 
 /// The descriptors `process/start` leaves free below the open-file limit.

@@ -1,7 +1,7 @@
 //! The process keeper: a tiny process that owns one started process and every descendant of
 //! it, and kills all of them on request, or when the server dies.
 //!
-//! The spawner thread creates the keeper with `clone(CLONE_VM | CLONE_PIDFD | SIGCHLD)`: it
+//! A spawner thread creates the keeper with `clone(CLONE_VM | CLONE_PIDFD | SIGCHLD)`: it
 //! runs in the server's memory, on its own stack ([`crate::spawn`]), concurrently with the
 //! server, for as long as the tree it keeps lives. It
 //!

@@ -13,7 +13,7 @@
 //! * `output_budget` — retained output of all processes: the per-session cap and the
 //!   server's budget, evicting the oldest output of the largest holder.
 //! * `pump` — the per-process task that collects output and exit and sends notifications.
-//! * `spawn` — the spawner thread that creates a keeper per process with `clone(CLONE_VM)`.
+//! * `spawn` — the spawner threads that create a keeper per process with `clone(CLONE_VM)`.
 //! * `spawn_queue` — the spawner's queue, where sessions take turns.
 //! * `keeper` — the keeper: creates the target, reports its exit, kills its whole tree.
 //! * `keepers` — the session's live keepers: killed with the session, reaped when they exit.

@@ -16,12 +16,14 @@
 //! * **Containment.** The keeper is a subreaper that outlives the target while descendants
 //!   live, kills the whole tree on request ([`KILL_TREE`]) or when the server dies, and
 //!   reports the target's start and exit on a status pipe.
-//! * **One spawner thread.** The kernel delivers the parent-death signal when the *thread*
-//!   that created the child ends, not the process. Keepers are therefore created by one
-//!   thread that lives as long as the server (it is never joined and its queue is never
-//!   closed), so the signal fires exactly when the server dies. Requests reach it through
-//!   a queue where sessions take turns ([`crate::spawn_queue`]); each spawn takes
-//!   microseconds, so serialising them costs nothing measurable.
+//! * **A few long-lived spawner threads.** The kernel delivers the parent-death signal when
+//!   the *thread* that created the child ends, not the process. Keepers are therefore
+//!   created by [`SPAWNER_THREADS`] threads that live as long as the server (they are never
+//!   joined and their queue is never closed), so the signal fires exactly when the server
+//!   dies. A spawner waits until its target has called `execve` (the keeper's first
+//!   record), which takes as long as the exec itself; with one thread, concurrent starts
+//!   would queue behind each other's execs. Requests reach the threads through one queue
+//!   where sessions take turns ([`crate::spawn_queue`]).
 //! * **pidfds.** `CLONE_PIDFD` returns a descriptor for the keeper, which the server uses to
 //!   signal it and to reap it (`waitid(P_PIDFD)`), so pid reuse cannot misdirect either.
 //!   This needs Linux 5.4 or later.
@@ -149,24 +151,40 @@ struct Job {
     reply: oneshot::Sender<Result<Spawned, SpawnError>>,
 }
 
-/// Handle to the spawner thread.
+/// Spawner threads: starts that may be between `clone` and their target's `execve` at
+/// once. Each one mostly sleeps on a status pipe, so a few more than the cores of a small
+/// machine cost nothing while they let concurrent starts overlap their execs.
+pub(crate) const SPAWNER_THREADS: usize = 4;
+
+/// Handle to the spawner threads.
 pub(crate) struct Spawner {
     jobs: Arc<FairQueue<Job>>,
 }
 
 impl Spawner {
-    /// The process-wide spawner, started on first use.
+    /// The process-wide spawner, its threads started on first use. Fails only when not even
+    /// one thread could be started.
     pub(crate) fn global() -> io::Result<&'static Spawner> {
         static SPAWNER: OnceLock<Result<Spawner, String>> = OnceLock::new();
         SPAWNER
             .get_or_init(|| {
                 let jobs = Arc::new(FairQueue::new());
-                let queue = Arc::clone(&jobs);
-                std::thread::Builder::new()
-                    .name("exec-server-spawner".into())
-                    .spawn(move || spawner_main(&queue))
-                    .map(|_| Spawner { jobs })
-                    .map_err(|e| e.to_string())
+                let mut started = 0;
+                let mut failure = None;
+                for _ in 0..SPAWNER_THREADS {
+                    let queue = Arc::clone(&jobs);
+                    match std::thread::Builder::new()
+                        .name("exec-server-spawner".into())
+                        .spawn(move || spawner_main(&queue))
+                    {
+                        Ok(_) => started += 1,
+                        Err(e) => failure = Some(e.to_string()),
+                    }
+                }
+                match (started, failure) {
+                    (0, Some(e)) => Err(e),
+                    _ => Ok(Spawner { jobs }),
+                }
             })
             .as_ref()
             .map_err(|e| io::Error::other(e.clone()))

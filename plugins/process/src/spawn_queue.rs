@@ -1,6 +1,6 @@
-//! The spawner thread's queue (fair share): each session's spawns in arrival order, the
-//! sessions served in turn. One thread creates every process ([`crate::spawn`]), so with a
-//! single first-come first-served queue a session that keeps `dispatch.max_in_flight`
+//! The spawner threads' queue (fair share): each session's spawns in arrival order, the
+//! sessions served in turn. A few threads create every process ([`crate::spawn`]), so with
+//! a single first-come first-served queue a session that keeps `dispatch.max_in_flight`
 //! starts waiting would put every other session's start behind all of them; taking turns,
 //! a start waits for at most one spawn of each other session that has one waiting.
 

@@ -179,6 +179,28 @@ pub async fn read(stream: &mut SplitStream<ClientWs>, handle: &LinkHandle) -> In
     }
 }
 
+/// Frames written with one flush at most: enough to fill the socket in a burst, few
+/// enough that Pings and the Pong deadline are never held up for long.
+const BURST_FRAMES: usize = 64;
+
+/// Writes `first` and the frames already queued behind it (control frames first), then
+/// flushes once: a burst of records costs one write to the socket, not one per frame.
+async fn write_burst(
+    sink: &mut SplitSink<ClientWs, Message>,
+    first: Bytes,
+    control: &mut mpsc::Receiver<Bytes>,
+    data: &mut mpsc::Receiver<Bytes>,
+) -> Result<(), WsError> {
+    sink.feed(Message::Binary(first)).await?;
+    for _ in 1..BURST_FRAMES {
+        let Ok(next) = control.try_recv().or_else(|_| data.try_recv()) else {
+            break;
+        };
+        sink.feed(Message::Binary(next)).await?;
+    }
+    sink.flush().await
+}
+
 async fn write_loop(
     mut sink: SplitSink<ClientWs, Message>,
     mut control: mpsc::Receiver<Bytes>,
@@ -195,13 +217,13 @@ async fn write_loop(
             biased;
             _ = handle.dead.cancelled() => break,
             Some(bytes) = control.recv() => {
-                if sink.send(Message::Binary(bytes)).await.is_err() {
+                if write_burst(&mut sink, bytes, &mut control, &mut data).await.is_err() {
                     break;
                 }
             }
             frame = data.recv() => match frame {
                 Some(bytes) => {
-                    if sink.send(Message::Binary(bytes)).await.is_err() {
+                    if write_burst(&mut sink, bytes, &mut control, &mut data).await.is_err() {
                         break;
                     }
                 }

@@ -688,6 +688,34 @@ async fn flush_queued(
     }
 }
 
+/// Frames written with one flush at most: enough to fill the socket in a burst, few
+/// enough that Pings and the Pong deadline are never held up for long.
+const BURST_FRAMES: usize = 64;
+
+/// Writes `first` and the frames already queued behind it, then flushes once: a burst of
+/// records costs one write to the socket, not one per frame. `Some(code)`: a close was
+/// queued behind the frames; the caller sends it and ends.
+async fn write_burst(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    first: Bytes,
+    rx: &mut mpsc::Receiver<Out>,
+) -> Result<Option<u16>, axum::Error> {
+    sink.feed(Message::Binary(first)).await?;
+    let mut close = None;
+    for _ in 1..BURST_FRAMES {
+        match rx.try_recv() {
+            Ok(Out::Frame(bytes)) => sink.feed(Message::Binary(bytes)).await?,
+            Ok(Out::Close(code)) => {
+                close = Some(code);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    sink.flush().await?;
+    Ok(close)
+}
+
 async fn write_loop(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut rx: mpsc::Receiver<Out>,
@@ -707,11 +735,14 @@ async fn write_loop(
                 break;
             }
             out = rx.recv() => match out {
-                Some(Out::Frame(bytes)) => {
-                    if sink.send(Message::Binary(bytes)).await.is_err() {
+                Some(Out::Frame(bytes)) => match write_burst(&mut sink, bytes, &mut rx).await {
+                    Ok(None) => {}
+                    Ok(Some(code)) => {
+                        let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: "".into() }))).await;
                         break;
                     }
-                }
+                    Err(_) => break,
+                },
                 Some(Out::Close(code)) => {
                     let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: "".into() }))).await;
                     break;

@@ -26,8 +26,12 @@ inventory::submit! {
     ListenerKind { scheme: "ws", open: open_websocket }
 }
 
-/// Read and write buffer size of each WebSocket connection.
-const WS_BUFFER_BYTES: usize = 16 * 1024;
+/// Read buffer of each WebSocket connection: allocated when it opens, so it is most of
+/// what an idle connection costs. Larger messages still arrive whole (the buffer grows to
+/// hold a frame), in reads of this size.
+const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
+/// Output is written out once this much is buffered (or at each flush); not preallocated.
+const WS_WRITE_BUFFER_BYTES: usize = 16 * 1024;
 
 /// Close code for a message or frame above the limits (RFC 6455 "message too big").
 const CLOSE_TOO_BIG: u16 = 1009;
@@ -149,9 +153,9 @@ async fn upgrade(
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
     // tungstenite's default 128 KiB buffers per direction dominate the cost of an idle
-    // connection; 16 KiB keeps large messages at a few syscalls per megabyte.
-    ws.read_buffer_size(WS_BUFFER_BYTES)
-        .write_buffer_size(WS_BUFFER_BYTES)
+    // connection; these keep large messages at a few hundred syscalls per megabyte.
+    ws.read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_message_size(server.core.limits.max_message_bytes)
         .max_frame_size(server.core.websocket.max_frame_bytes)
         .on_upgrade(move |socket| serve_socket(server, peer, socket))
@@ -167,6 +171,8 @@ fn is_capacity_error(error: &axum::Error) -> bool {
 }
 
 async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebSocket) {
+    // Dropped last, once the socket, its buffers and the connection's state are freed.
+    let _open = crate::memory_trim::OpenConnection::new();
     let (sink, stream) = socket.split();
     let (outbound, drain) = server.outbound_queue(None);
     let (close_tx, close_rx) = oneshot::channel();
