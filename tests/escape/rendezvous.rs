@@ -170,6 +170,24 @@ role = "harness"
         }
     }
 
+    /// `connect` once the executor's socket is attached: the upgrade's answer reaches the
+    /// executor before the service has recorded the socket, and until then `connect`
+    /// answers 503 `executor_unavailable`.
+    async fn connect_attached(&self, token: &str, environment: &str) -> Answer {
+        let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+        loop {
+            let answer = self.connect(token, environment).await;
+            if !(answer.status == 503 && answer.body.contains("executor_unavailable")) {
+                return answer;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{environment}'s executor never attached: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until `connect` answers 404: the service has deleted the registration.
     async fn until_deleted(&self, environment: &str) {
         let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
@@ -757,7 +775,7 @@ async fn harness_socket_refusals_name_their_limit() {
         let answer = rdv.register(CI_TOKEN, environment).await;
         executors.push(attach(&answer.url()).await);
     }
-    let first = rdv.connect(HARNESS_TOKEN, "sockets-a").await;
+    let first = rdv.connect_attached(HARNESS_TOKEN, "sockets-a").await;
     let _a = attach(&first.url()).await;
     let second = rdv.connect(HARNESS_TOKEN, "sockets-a").await;
     refused_upgrade(&second.url()).await.assert_refused(
@@ -769,12 +787,12 @@ async fn harness_socket_refusals_name_their_limit() {
             "rendezvous.max_harness_sockets_per_environment",
         ],
     );
-    let b = rdv.connect(HARNESS_TOKEN, "sockets-b").await;
+    let b = rdv.connect_attached(HARNESS_TOKEN, "sockets-b").await;
     let _b = attach(&b.url()).await;
     // The tenant that owns both environments is at its limit of 2 harness sockets.
     let other = rdv.register(CI_TOKEN, "sockets-c").await;
     executors.push(attach(&other.url()).await);
-    let c = rdv.connect(HARNESS_TOKEN, "sockets-c").await;
+    let c = rdv.connect_attached(HARNESS_TOKEN, "sockets-c").await;
     refused_upgrade(&c.url()).await.assert_refused(
         503,
         "capacity_exhausted",
@@ -796,7 +814,7 @@ async fn another_tenant_cannot_take_over_an_executor_by_re_registering_its_publi
     assert_eq!(own.status, 200, "{own:?}");
     let mut executor = attach(&own.url()).await;
     // Any harness learns the executor's public key from `connect`.
-    let bundle = rdv.connect(HARNESS_TOKEN, "victim").await.json();
+    let bundle = rdv.connect_attached(HARNESS_TOKEN, "victim").await.json();
     assert_eq!(bundle["executor_public_key"], key.to_json());
     // Another executor tenant re-registers that key to get a fresh executor URL.
     let stolen = rdv.register_key(OTHER_TOKEN, "victim", &key).await;
