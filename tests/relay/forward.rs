@@ -18,6 +18,7 @@ use tokio::process::Child;
 
 use super::codex_executor::{kill_process_group, CodexExecutor};
 use super::fixtures::*;
+use super::tls::Pki;
 use crate::codex::fake_model::{FakeModel, FINAL_TEXT};
 use crate::codex::{codex_bin, CodexHome};
 use crate::util::{server_command, WsServer, STEP_TIMEOUT};
@@ -37,6 +38,17 @@ impl Forward {
     /// with the executor token in EXEC_SERVER_RELAY_TOKEN; returns once the environment
     /// is reachable.
     async fn start(rdv: &Rendezvous, environment: &str, destination: &str, extra: &[&str]) -> Self {
+        Self::start_with_vars(rdv, environment, destination, extra, &[]).await
+    }
+
+    /// [`Forward::start`] with `vars` added to its environment.
+    async fn start_with_vars(
+        rdv: &Rendezvous,
+        environment: &str,
+        destination: &str,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = server_command(
             &[
                 &[
@@ -57,6 +69,7 @@ impl Forward {
             .env("RUST_LOG", "warn,exec_server_relay::forward=debug")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped());
+        cmd.envs(vars.iter().copied());
         let mut child = cmd.spawn().expect("spawn exec-server forward");
         let log = capture_stderr(&mut child);
         harness_bundle(&rdv.direct, environment).await;
@@ -506,4 +519,86 @@ async fn forward_refuses_a_destination_that_is_not_a_websocket_url() {
         stderr.contains("relay.forward_url forward destination must be a ws:// or wss:// URL"),
         "{stderr}"
     );
+}
+
+/// A TLS terminator in front of the plain `ws://` server at `plain`: each connection's TLS
+/// is ended with `pki`'s server certificate and its bytes copied to and from `plain`.
+/// Returns the `wss://` URL.
+async fn tls_terminator(pki: &Pki, plain: &str) -> String {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&pki.cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&pki.key).unwrap();
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let plain = plain.strip_prefix("ws://").unwrap().to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, plain) = (acceptor.clone(), plain.clone());
+            tokio::spawn(async move {
+                // A client that does not trust the certificate ends the handshake here.
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut server = tokio::net::TcpStream::connect(&plain).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;
+            });
+        }
+    });
+    format!("wss://127.0.0.1:{port}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_trusts_the_relay_ca_file_for_a_wss_destination() {
+    let rdv = start_rendezvous(None).await;
+    let pki = Pki::issue(&["127.0.0.1"]);
+    let destination = our_destination("behind-tls", &[]).await;
+    let wss = tls_terminator(&pki, &destination.url).await;
+
+    // Without the CA file the destination's certificate is not trusted: the stream ends.
+    let mut untrusting = Forward::start(&rdv, "env-fwd-wss-untrusted", &wss, &[]).await;
+    let mut conn = connect(harness_args(&rdv.direct, "env-fwd-wss-untrusted")).await;
+    // The stream may already be closed by then: the send's outcome does not matter.
+    let _ = conn
+        .send(json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}}).to_string())
+        .await;
+    assert!(
+        tokio::time::timeout(STEP_TIMEOUT, conn.recv())
+            .await
+            .expect("the stream ends")
+            .is_none(),
+        "a message arrived through a destination whose certificate is not trusted"
+    );
+    untrusting.wait_for_log("UnknownIssuer").await;
+    untrusting.assert_running();
+
+    // With relay.ca_file the same destination serves the stream.
+    let ca = pki.ca.to_str().unwrap();
+    let _trusting = Forward::start_with_vars(
+        &rdv,
+        "env-fwd-wss",
+        &wss,
+        &[],
+        &[("EXEC_SERVER_RELAY__CA_FILE", ca)],
+    )
+    .await;
+    let (stdout, code) = run_remote(
+        &rdv.direct,
+        "env-fwd-wss",
+        &format!("echo \"ran on ${MARK}\""),
+    )
+    .await;
+    assert_eq!(stdout, "ran on behind-tls\n");
+    assert_eq!(code, Some(0));
 }

@@ -319,6 +319,7 @@ impl RelayConfig {
     pub fn forward_target(
         &self,
         max_message_bytes: usize,
+        trust: &TlsTrust,
     ) -> Result<Option<crate::forward::ForwardTarget>, String> {
         let Some(url) = &self.forward_url else {
             return Ok(None);
@@ -341,7 +342,7 @@ impl RelayConfig {
                 Some(token)
             }
         };
-        crate::forward::ForwardTarget::new(url, bearer, max_message_bytes)
+        crate::forward::ForwardTarget::new(url, bearer, max_message_bytes, trust.clone())
             .map(Some)
             .map_err(str::to_owned)
     }

@@ -78,7 +78,7 @@ fn open_relay(
         &trust,
     );
     let forward = config
-        .forward_target(server.core.limits.max_message_bytes)
+        .forward_target(server.core.limits.max_message_bytes, &trust)
         .map_err(StartupError)?;
     if let Some(target) = &forward {
         tracing::info!(destination = %target.display_url(), "forwarding each relay stream");

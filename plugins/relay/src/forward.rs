@@ -23,6 +23,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::Connector;
 
 use exec_server_relay_core::endpoint::redact_url;
+use exec_server_relay_core::tls::TlsTrust;
 
 /// The error for a destination that is not a WebSocket URL, codex's own text.
 pub const NOT_A_WEBSOCKET_URL: &str = "forward destination must be a ws:// or wss:// URL";
@@ -43,6 +44,9 @@ pub struct ForwardTarget {
     url: String,
     bearer: Option<SecretString>,
     max_message_bytes: usize,
+    /// What a `wss` destination's certificate is checked against: the same trust as the
+    /// registry and the rendezvous (the system's roots and `relay.ca_file`).
+    trust: TlsTrust,
 }
 
 impl std::fmt::Debug for ForwardTarget {
@@ -66,17 +70,20 @@ pub fn check_destination(url: &str) -> Result<(), &'static str> {
 
 impl ForwardTarget {
     /// `url` must be `ws://` or `wss://`; `bearer` goes in the destination upgrade's
-    /// `Authorization` header; messages above `max_message_bytes` are refused both ways.
+    /// `Authorization` header; messages above `max_message_bytes` are refused both ways;
+    /// a `wss` destination must present a certificate `trust` accepts.
     pub fn new(
         url: &str,
         bearer: Option<SecretString>,
         max_message_bytes: usize,
+        trust: TlsTrust,
     ) -> Result<Self, &'static str> {
         check_destination(url)?;
         Ok(Self {
             url: url.to_owned(),
             bearer,
             max_message_bytes,
+            trust,
         })
     }
 
@@ -153,7 +160,7 @@ impl ForwardTarget {
             .url
             .get(..6)
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case("wss://"))
-            .then(|| Connector::Rustls(exec_server_relay_core::tls::client_config()));
+            .then(|| Connector::Rustls(self.trust.client_config()));
         let connect =
             tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, tls);
         match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
@@ -272,6 +279,7 @@ mod tests {
             "ws://127.0.0.1:1/?sig=secret-query",
             Some(SecretString::new("bearer-secret")),
             1024,
+            TlsTrust::system(),
         )
         .unwrap();
         let text = format!("{target:?}");
