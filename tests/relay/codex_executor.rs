@@ -18,7 +18,6 @@ use tokio::io::AsyncWriteExt;
 use super::fixtures::*;
 use super::tls::Pki;
 use crate::codex::{codex_bin, CodexHome};
-use crate::util::{server_command, STEP_TIMEOUT};
 
 /// The lines codex logs once it registered and once its rendezvous socket is up.
 const REGISTERED: &str = "Noise executor registration completed";
@@ -240,25 +239,15 @@ async fn codex_executor_serves_our_client_and_run_through_our_rendezvous() {
     assert_eq!(client.read_file(&uri(&big_path)).await.unwrap(), big);
 
     // `exec-server run --remote` through the same executor: output and exit code.
-    let mut run = server_command(&[
-        "run",
-        "--remote",
+    let (code, stdout, _) = run_remote(
         &rdv.direct,
-        "--environment-id",
         "env-1",
-        "--",
-        "sh",
-        "-c",
-        "echo via-run; exit 5",
-    ]);
-    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
-        .stdin(Stdio::null());
-    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
-        .await
-        .expect("run finishes")
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "via-run\n");
-    assert_eq!(output.status.code(), Some(5));
+        &[],
+        &["sh", "-c", "echo via-run; exit 5"],
+    )
+    .await;
+    assert_eq!(stdout, "via-run\n");
+    assert_eq!(code, Some(5));
 
     // On the wire: codex's msg2 is 3,424 bytes and its records count from 0 with no ack
     // fields; our msg1 is 3,568 + P bytes and our records follow codex's numbering too.
@@ -329,32 +318,15 @@ async fn codex_executor_trusting_our_ca_through_ssl_cert_file_serves_over_a_tls_
         &[("SSL_CERT_FILE", &ca)],
     )
     .await;
-    let mut run = server_command(&[
-        "run",
-        "--remote",
+    let (code, stdout, stderr) = run_remote(
         &rdv.url,
-        "--environment-id",
         "env-codex-tls",
-        "--ca-file",
-        &ca,
-        "--",
-        "sh",
-        "-c",
-        "echo codex-over-tls; exit 4",
-    ]);
-    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
-        .stdin(Stdio::null());
-    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
-        .await
-        .expect("run finishes")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "codex-over-tls\n",
-        "{stderr}"
-    );
-    assert_eq!(output.status.code(), Some(4), "{stderr}");
+        &["--ca-file", &ca],
+        &["sh", "-c", "echo codex-over-tls; exit 4"],
+    )
+    .await;
+    assert_eq!(stdout, "codex-over-tls\n", "{stderr}");
+    assert_eq!(code, Some(4), "{stderr}");
     codex.wait_for_log(HANDSHAKE_DONE).await;
 }
 

@@ -3,6 +3,7 @@
 //! drops, duplicates, reorders, injects and cuts frames, raw rendezvous sockets and
 //! registry calls, and a registry gate that holds or refuses `/validate` and `/register`.
 use std::path::Path;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -969,4 +970,32 @@ impl RelayBundleProvider for StaticBundle {
     ) -> Result<ConnectBundle, RelayError> {
         Ok(self.0.clone())
     }
+}
+
+/// `exec-server run --remote <registry> --environment-id <environment> <extra> -- <command>`
+/// with the harness token: (exit code, stdout, stderr).
+pub(crate) async fn run_remote(
+    registry: &str,
+    environment: &str,
+    extra: &[&str],
+    command: &[&str],
+) -> (Option<i32>, String, String) {
+    let mut args = vec!["run", "--remote", registry, "--environment-id", environment];
+    args.extend(extra);
+    args.push("--no-stdin");
+    args.push("--");
+    args.extend(command);
+    let mut run = server_command(&args);
+    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
+        .await
+        .expect("exec-server run finished")
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }

@@ -108,28 +108,9 @@ async fn our_destination(mark: &str, args: &[&str]) -> WsServer {
 
 /// `exec-server run --remote … -- sh -c <script>` with the harness token: stdout and
 /// exit code.
-async fn run_remote(registry: &str, environment: &str, script: &str) -> (String, Option<i32>) {
-    let mut run = server_command(&[
-        "run",
-        "--remote",
-        registry,
-        "--environment-id",
-        environment,
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]);
-    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
-        .stdin(Stdio::null());
-    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
-        .await
-        .expect("run finishes")
-        .unwrap();
-    (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        output.status.code(),
-    )
+async fn run_script(registry: &str, environment: &str, script: &str) -> (String, Option<i32>) {
+    let (code, stdout, _) = run_remote(registry, environment, &[], &["sh", "-c", script]).await;
+    (stdout, code)
 }
 
 /// An owner-only file holding `token`.
@@ -201,7 +182,7 @@ async fn forward_serves_run_and_the_client_from_our_local_server_with_a_bearer()
 
     // The command ran on the destination (it sees the destination's variable), with its
     // output and exit code carried back.
-    let (stdout, code) = run_remote(
+    let (stdout, code) = run_script(
         &rdv.direct,
         "env-fwd-ours",
         &format!("echo \"ran on ${MARK}\"; exit 4"),
@@ -384,7 +365,7 @@ async fn forward_fronts_codex_local_server_for_our_harness() {
         init["environmentInfo"]["executorVersion"], "0.169.0",
         "{init}"
     );
-    let (stdout, code) = run_remote(&rdv.direct, "env-fwd-codex", "echo via-codex; exit 6").await;
+    let (stdout, code) = run_script(&rdv.direct, "env-fwd-codex", "echo via-codex; exit 6").await;
     assert_eq!(stdout, "via-codex\n");
     assert_eq!(code, Some(6));
 
@@ -454,7 +435,7 @@ async fn codex_forward_fronts_our_local_server_for_our_harness() {
     .await;
     harness_bundle(&rdv.direct, "env-codex-fwd").await;
 
-    let (stdout, code) = run_remote(
+    let (stdout, code) = run_script(
         &rdv.direct,
         "env-codex-fwd",
         &format!("echo \"ran on ${MARK}\"; exit 3"),
@@ -593,7 +574,7 @@ async fn forward_trusts_the_relay_ca_file_for_a_wss_destination() {
         &[("EXEC_SERVER_RELAY__CA_FILE", ca)],
     )
     .await;
-    let (stdout, code) = run_remote(
+    let (stdout, code) = run_script(
         &rdv.direct,
         "env-fwd-wss",
         &format!("echo \"ran on ${MARK}\""),

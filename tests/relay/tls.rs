@@ -201,34 +201,6 @@ fn logged_executor(
     (child, log)
 }
 
-/// `exec-server run --remote <registry> --environment-id <environment> <extra> -- <command>`
-/// with the harness token: (exit code, stdout, stderr).
-async fn run_remote(
-    registry: &str,
-    environment: &str,
-    extra: &[&str],
-    command: &[&str],
-) -> (Option<i32>, String, String) {
-    let mut args = vec!["run", "--remote", registry, "--environment-id", environment];
-    args.extend(extra);
-    args.push("--no-stdin");
-    args.push("--");
-    args.extend(command);
-    let mut run = server_command(&args);
-    run.env("EXEC_SERVER_RELAY_TOKEN", HARNESS_TOKEN)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let output = tokio::time::timeout(STEP_TIMEOUT, run.output())
-        .await
-        .expect("exec-server run finished")
-        .unwrap();
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 /// Runs the command, retrying while the executor has not attached yet (`run` then fails
 /// with the registry's 404 or 503).
 async fn run_remote_when_attached(
