@@ -29,11 +29,19 @@ impl Serialize for Base64<'_> {
     }
 }
 
+/// Appends `bytes` to `out` as padded standard base64: the one encoder of every byte the
+/// server sends. It picks the widest vector instructions the CPU has at run time (AVX2 on
+/// current x86), about ten times the throughput of the portable encoder, which was most
+/// of the server's time on large output and whole-file reads.
+pub fn append_base64(bytes: &[u8], out: &mut String) {
+    base64_simd::STANDARD.encode_append(bytes, out);
+}
+
 /// `bytes` as a JSON string of padded base64, ready to be embedded verbatim in a message.
 pub fn base64_json(bytes: &[u8]) -> Box<RawValue> {
     let mut json = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
     json.push('"');
-    BASE64.encode_string(bytes, &mut json);
+    append_base64(bytes, &mut json);
     json.push('"');
     // SAFETY: a quoted run of base64 characters (A–Z a–z 0–9 + / =) is one well-formed JSON
     // string with no surrounding whitespace, which is all a raw value requires.
@@ -49,7 +57,7 @@ pub fn base64_object(member: &str, bytes: &[u8]) -> Box<RawValue> {
     json.push_str("{\"");
     json.push_str(member);
     json.push_str("\":\"");
-    BASE64.encode_string(bytes, &mut json);
+    append_base64(bytes, &mut json);
     json.push_str("\"}");
     // SAFETY: one member whose key is plain ASCII and whose value is a quoted run of base64
     // characters: a well-formed JSON object with no surrounding whitespace.
@@ -69,7 +77,9 @@ pub fn deserialize_base64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<
 
 /// Encodes bytes as padded base64.
 pub fn encode_base64(bytes: &[u8]) -> String {
-    BASE64.encode(bytes)
+    let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    append_base64(bytes, &mut text);
+    text
 }
 
 /// The `{}` result.
@@ -90,6 +100,19 @@ mod tests {
         assert_eq!(decode_base64("aGk=").unwrap(), b"hi");
         assert_eq!(decode_base64("aGk").unwrap(), b"hi");
         assert!(decode_base64("aG k=").is_err());
+    }
+
+    #[test]
+    fn the_vector_encoder_agrees_with_the_portable_one_at_every_length() {
+        // Every tail length and the vector loops' block boundaries, on bytes that use the
+        // whole alphabet (`+` and `/` included).
+        let bytes: Vec<u8> = (0..1_200u32).map(|i| (i * 167 + i / 7) as u8).collect();
+        for len in 0..bytes.len() {
+            let data = &bytes[..len];
+            assert_eq!(encode_base64(data), BASE64.encode(data), "length {len}");
+        }
+        let large = vec![0xfbu8; 3 << 20];
+        assert_eq!(encode_base64(&large), BASE64.encode(&large));
     }
 
     #[test]

@@ -221,6 +221,44 @@ pub struct OutputNotification<C = String> {
     pub chunk: C,
 }
 
+/// The whole `process/output` message for `chunk`, byte for byte what
+/// [`crate::jsonrpc::encode_notification`] makes of an [`OutputNotification`] carrying the
+/// chunk as base64, but encoded straight into one buffer of its final size: no separate
+/// base64 string, no copy of it into the message, no regrowing of the message.
+pub fn encode_output_notification(
+    process_id: &str,
+    seq: u64,
+    stream: OutputStream,
+    chunk: &[u8],
+) -> Result<String, serde_json::Error> {
+    let marker = serde_json::value::RawValue::from_string("0".to_owned())?;
+    let probe = crate::jsonrpc::encode_notification(
+        OUTPUT,
+        &OutputNotification {
+            process_id: process_id.to_owned(),
+            seq,
+            stream,
+            chunk: marker,
+        },
+    )?;
+    // `chunk` is the last member, so the probe ends with its marker and two closing braces.
+    let Some(head) = probe.strip_suffix("0}}") else {
+        let notification = OutputNotification {
+            process_id: process_id.to_owned(),
+            seq,
+            stream,
+            chunk: crate::bytes::Base64(chunk),
+        };
+        return crate::jsonrpc::encode_notification(OUTPUT, &notification);
+    };
+    let mut frame = String::with_capacity(head.len() + chunk.len().div_ceil(3) * 4 + 4);
+    frame.push_str(head);
+    frame.push('"');
+    crate::bytes::append_base64(chunk, &mut frame);
+    frame.push_str("\"}}");
+    Ok(frame)
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExitedNotification {
@@ -235,4 +273,33 @@ pub struct ExitedNotification {
 pub struct ClosedNotification {
     pub process_id: String,
     pub seq: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bytes::encode_base64;
+
+    #[test]
+    fn an_output_frame_is_what_serde_makes_of_the_same_notification() {
+        let bytes: Vec<u8> = (0..300u32).map(|i| (i * 89) as u8).collect();
+        for (id, stream) in [
+            ("out", OutputStream::Stdout),
+            ("q\"uote\\d\n", OutputStream::Stderr),
+            ("", OutputStream::Pty),
+        ] {
+            for len in [0, 1, 2, 3, 4, 299, 300] {
+                let chunk = &bytes[..len];
+                let ours = encode_output_notification(id, 42, stream, chunk).unwrap();
+                let notification = OutputNotification {
+                    process_id: id.to_owned(),
+                    seq: 42,
+                    stream,
+                    chunk: encode_base64(chunk),
+                };
+                let serde = crate::jsonrpc::encode_notification(OUTPUT, &notification).unwrap();
+                assert_eq!(ours, serde);
+            }
+        }
+    }
 }

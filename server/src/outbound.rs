@@ -89,13 +89,25 @@ impl Outbound {
         method: &str,
         params: impl FnOnce() -> P,
     ) -> bool {
+        self.notify_frame_with(method, || encode_notification(method, &params()))
+            .await
+    }
+
+    /// Like [`Outbound::notify_with`], for a producer that encodes the whole message
+    /// itself (`{"method":…,"params":…}`, as [`encode_notification`] would), typically to
+    /// write a large payload straight into its final buffer.
+    pub(crate) async fn notify_frame_with(
+        &self,
+        method: &str,
+        frame: impl FnOnce() -> Result<String, serde_json::Error>,
+    ) -> bool {
         if self.withheld(method) {
             return false;
         }
         let Ok(room) = self.tx.reserve().await else {
             return false;
         };
-        let Some(frame) = self.encode_notification(method, &params()) else {
+        let Some(frame) = self.checked_notification(method, frame()) else {
             return false;
         };
         room.send(frame);
@@ -118,7 +130,16 @@ impl Outbound {
         method: &str,
         params: &P,
     ) -> Option<String> {
-        let frame = match encode_notification(method, params) {
+        self.checked_notification(method, encode_notification(method, params))
+    }
+
+    /// The encoded notification if it could be encoded and fits the transport's limit.
+    fn checked_notification(
+        &self,
+        method: &str,
+        frame: Result<String, serde_json::Error>,
+    ) -> Option<String> {
+        let frame = match frame {
             Ok(frame) => frame,
             Err(e) => {
                 tracing::error!(method, error = %e, "failed to encode notification");

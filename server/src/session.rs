@@ -124,6 +124,20 @@ impl Session {
         outbound.notify_with(method, params).await
     }
 
+    /// Like [`Session::notify_with`], for a producer that encodes the whole message itself
+    /// (`{"method":…,"params":…}`), typically to write a large payload straight into its
+    /// final buffer.
+    pub async fn notify_frame_with(
+        &self,
+        method: &str,
+        frame: impl FnOnce() -> Result<String, serde_json::Error>,
+    ) -> bool {
+        let Some(outbound) = self.lock().outbound.clone() else {
+            return false;
+        };
+        outbound.notify_frame_with(method, frame).await
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Attachment> {
         self.attachment.lock().expect("session lock")
     }

@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use exec_server_core::metrics::{self, Counter, Gauge};
-use exec_server_core::proto::bytes::base64_json;
 use exec_server_core::proto::process::{
-    ClosedNotification, ExitedNotification, OutputNotification, OutputStream, CLOSED, EXITED,
-    OUTPUT,
+    encode_output_notification, ClosedNotification, ExitedNotification, OutputStream, CLOSED,
+    EXITED, OUTPUT,
 };
 use exec_server_core::{ResponseQueued, Session};
 use serde::Serialize;
@@ -285,11 +284,8 @@ impl Pump {
         // client holds the chunk, which is retained anyway, and nothing more.
         let process_id = &self.process.id;
         self.session
-            .notify_with(OUTPUT, || OutputNotification {
-                process_id: process_id.clone(),
-                seq,
-                stream,
-                chunk: base64_json(&chunk),
+            .notify_frame_with(OUTPUT, || {
+                encode_output_notification(process_id, seq, stream, &chunk)
             })
             .await;
     }
