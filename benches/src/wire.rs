@@ -1,23 +1,23 @@
 //! A minimal JSON-RPC client for measurements: raw text out, raw text in, no framework,
 //! the same code over a WebSocket or a relay stream.
 
-use base64::Engine as _;
 use exec_server_relay_core::harness::RelayConnection;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 use crate::target::StdioProcess;
 
 pub type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// One JSON-RPC connection: whole messages in and out.
+/// One JSON-RPC connection: whole messages in and out. A message comes in as the
+/// transport's own buffer, never copied into a new string.
 pub(crate) trait Rpc {
     async fn send_text(&mut self, text: String);
-    async fn recv_text(&mut self) -> String;
+    async fn recv_text(&mut self) -> Utf8Bytes;
 }
 
 impl Rpc for Ws {
@@ -25,11 +25,11 @@ impl Rpc for Ws {
         self.send(Message::Text(text.into())).await.expect("send");
     }
 
-    async fn recv_text(&mut self) -> String {
+    async fn recv_text(&mut self) -> Utf8Bytes {
         loop {
             match self.next().await.expect("connection open").expect("read") {
-                Message::Text(text) => return text.to_string(),
-                Message::Binary(bytes) => return String::from_utf8_lossy(&bytes).into_owned(),
+                Message::Text(text) => return text,
+                Message::Binary(bytes) => return bytes.try_into().expect("UTF-8 JSON"),
                 _ => continue,
             }
         }
@@ -41,9 +41,9 @@ impl Rpc for RelayConnection {
         self.send(text).await.expect("relay send");
     }
 
-    async fn recv_text(&mut self) -> String {
+    async fn recv_text(&mut self) -> Utf8Bytes {
         let bytes = self.recv().await.expect("relay stream open");
-        String::from_utf8(bytes.to_vec()).expect("UTF-8 JSON")
+        bytes.try_into().expect("UTF-8 JSON")
     }
 }
 
@@ -91,11 +91,13 @@ pub(crate) async fn call(conn: &mut impl Rpc, id: i64, method: &str, params: Val
     reply["result"].take()
 }
 
-/// Decodes base64 into `buf` (reused across calls) and returns the decoded length.
+/// Decodes base64 into `buf` (reused across calls, never zero-filled first) and returns
+/// the decoded length. The decoder uses the CPU's vector instructions, as a client that
+/// cares about throughput would: the portable one was half of this client's time.
 pub fn decode_into(text: &str, buf: &mut Vec<u8>) -> usize {
     buf.clear();
-    base64::engine::general_purpose::STANDARD
-        .decode_vec(text, buf)
+    base64_simd::STANDARD
+        .decode_append(text, buf)
         .expect("base64");
     buf.len()
 }
