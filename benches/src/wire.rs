@@ -132,6 +132,11 @@ struct Params<'a> {
 struct ResultData<'a> {
     #[serde(default, borrow)]
     data_base64: Option<&'a str>,
+    /// `fs/readBlock`.
+    #[serde(default, borrow)]
+    chunk: Option<&'a str>,
+    #[serde(default)]
+    eof: bool,
 }
 
 /// `fs/readFile` of `uri`: returns the decoded file length.
@@ -154,6 +159,52 @@ pub(crate) async fn read_file_len(conn: &mut impl Rpc, id: i64, uri: &str) -> us
             .expect("dataBase64");
         return decode_into(data, &mut buf);
     }
+}
+
+/// Streams `uri` with `fs/open` and `fs/readBlock` of `block` bytes, keeping `depth` reads
+/// in flight (answers may come in any order), then `fs/close`; returns the decoded length.
+pub(crate) async fn read_blocks_len(
+    conn: &mut impl Rpc,
+    uri: &str,
+    block: usize,
+    depth: usize,
+) -> usize {
+    call(conn, 1, "fs/open", json!({"handleId": "b", "path": uri})).await;
+    let read = |id: usize| {
+        let offset = (id - 1) * block;
+        json!({"id": id, "method": "fs/readBlock",
+               "params": {"handleId": "b", "offset": offset, "len": block}})
+        .to_string()
+    };
+    // Request ids from 1 up stand for blocks 0 up.
+    let mut next = 1;
+    while next <= depth {
+        conn.send_text(read(next)).await;
+        next += 1;
+    }
+    let (mut in_flight, mut total, mut eof) = (depth, 0, false);
+    let mut buf = Vec::new();
+    while in_flight > 0 {
+        let text = conn.recv_text().await;
+        let message: ServerMessage<'_> = serde_json::from_str(&text).expect("JSON");
+        if message.id.is_none() {
+            continue;
+        }
+        if let Some(error) = message.error {
+            panic!("fs/readBlock failed: {error}");
+        }
+        let result = message.result.expect("result");
+        total += decode_into(result.chunk.expect("chunk"), &mut buf);
+        eof |= result.eof;
+        in_flight -= 1;
+        if !eof {
+            conn.send_text(read(next)).await;
+            next += 1;
+            in_flight += 1;
+        }
+    }
+    call(conn, 0, "fs/close", json!({"handleId": "b"})).await;
+    total
 }
 
 /// Starts `argv` as process `process_id` and returns the decoded output byte count once

@@ -7,17 +7,23 @@ use crate::report::{Row, Unit};
 use crate::target::WsProcess;
 use crate::wire;
 
-pub async fn read_file() -> Row {
-    let bytes = 64usize << 20;
-    let dir = std::env::temp_dir().join(format!("exec-server-bench-{}", std::process::id()));
+/// A file of `bytes` in a fresh temporary directory (in the page cache once written),
+/// and the floor: bytes/s of reading it directly into a fresh buffer.
+fn file_and_floor(bytes: usize, name: &str) -> (std::path::PathBuf, std::path::PathBuf, f64) {
+    let dir = std::env::temp_dir().join(format!("exec-server-bench-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("blob.bin");
     std::fs::write(&path, vec![7u8; bytes]).expect("write the file");
-
     // Both read from the page cache: the write above left the file there.
     let started = Instant::now();
     let direct = std::fs::read(&path).expect("read").len();
     let floor = direct as f64 / started.elapsed().as_secs_f64();
+    (dir, path, floor)
+}
+
+pub async fn read_file() -> Row {
+    let bytes = 64usize << 20;
+    let (dir, path, floor) = file_and_floor(bytes, "rf");
 
     let uri = format!("file://{}", path.display());
     let server = WsProcess::exec_server(&[]).await;
@@ -47,6 +53,49 @@ async fn served_read_file(url: &str, uri: String, bytes: usize) -> f64 {
     wire::handshake(&mut ws).await;
     let started = Instant::now();
     let served = wire::read_file_len(&mut ws, 1, &uri).await;
+    let rate = served as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(served, bytes);
+    rate
+}
+
+/// Blocks of `fs/readBlock` in the `read_block` row: the largest the protocol allows.
+const READ_BLOCK_BYTES: usize = 1 << 20;
+/// `fs/readBlock` requests the `read_block` client keeps in flight.
+const READ_BLOCK_DEPTH: usize = 4;
+
+/// The same 64 MiB as `read_file`, streamed: `fs/open`, then 1 MiB `fs/readBlock`s with
+/// four in flight, each answer decoded as it comes; the same floor.
+pub async fn read_block() -> Row {
+    let bytes = 64usize << 20;
+    let (dir, path, floor) = file_and_floor(bytes, "rb");
+    let uri = format!("file://{}", path.display());
+    let server = WsProcess::exec_server(&[]).await;
+    let rate = served_read_blocks(&server.url, uri.clone(), bytes).await;
+    drop(server);
+    let peer = crate::peer::measure("read_block", move |codex| async move {
+        served_read_blocks(&codex.url, uri, bytes).await
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Row {
+        key: "read_block",
+        what: "64 MiB by fs/readBlock, 1 MiB blocks, 4 in flight, decoded",
+        unit: Unit::BytesPerSecond,
+        median: rate,
+        p99: None,
+        floor: Some(floor),
+        target: "≥ 0.3× floor",
+        met: rate >= 0.3 * floor,
+        peer,
+    }
+}
+
+/// Bytes/s of streaming `uri` (`bytes` long) with pipelined `fs/readBlock`s.
+async fn served_read_blocks(url: &str, uri: String, bytes: usize) -> f64 {
+    let mut ws = wire::ws_connect(url).await;
+    wire::handshake(&mut ws).await;
+    let started = Instant::now();
+    let served = wire::read_blocks_len(&mut ws, &uri, READ_BLOCK_BYTES, READ_BLOCK_DEPTH).await;
     let rate = served as f64 / started.elapsed().as_secs_f64();
     assert_eq!(served, bytes);
     rate

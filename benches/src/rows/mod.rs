@@ -67,6 +67,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("read_file") {
         rows.push(fs::read_file().await);
     }
+    if wanted("read_block") {
+        rows.push(fs::read_block().await);
+    }
     if wanted("sandbox_write") {
         rows.push(fs::sandbox_write(budget).await);
     }
