@@ -73,6 +73,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("sandbox_read") {
         rows.push(fs::sandbox_read(budget).await);
     }
+    if wanted("sandbox_read_fresh") {
+        rows.push(fs::sandbox_read_fresh(budget).await);
+    }
     if wanted("victim_alone") || wanted("victim_flood") {
         rows.extend(fair_fs::fs_victim(budget).await);
     }
