@@ -163,7 +163,11 @@ async fn sandboxed_round_trip(budget: crate::Budget, case: SandboxedCase) -> Row
         median,
         p99: Some(p99),
         floor: Some(floor),
-        target: if kept { "≤ 1.5× unsandboxed" } else { "(reported)" },
+        target: if kept {
+            "≤ 1.5× unsandboxed"
+        } else {
+            "(reported)"
+        },
         met: !kept || median <= 1.5 * floor,
         peer: None,
     }
