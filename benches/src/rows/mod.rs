@@ -45,6 +45,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("rtt_stdio") {
         rows.push(rtt::rtt_stdio(budget).await);
     }
+    if wanted("rtt_ws_hop") {
+        rows.push(rtt::rtt_ws_hop(budget).await);
+    }
     rows.extend(rps::rps_ws(budget, &wanted).await);
     if wanted("spawn") {
         rows.push(process::spawn(budget).await);

@@ -89,6 +89,35 @@ pub async fn rtt_ws(budget: Budget) -> Row {
     }
 }
 
+/// The least one more WebSocket hop adds to a round trip: the echo floor reached through
+/// a bare forwarder (what the rendezvous is to a relay stream) against the echo floor
+/// reached directly. `rtt_relay_*` pay this hop on top of their own work.
+pub async fn rtt_ws_hop(budget: Budget) -> Row {
+    let echo = WsProcess::echo_floor().await;
+    let forward = WsProcess::forward_floor(&echo.url).await;
+    let count = budget.round_trips;
+    let mut direct = Vec::with_capacity(count);
+    let mut hop = Vec::with_capacity(count);
+    // Interleaved in blocks, so both see the same machine.
+    for _ in 0..10 {
+        direct.extend(ws_samples(&echo.url, false, count / 10, status_request).await);
+        hop.extend(ws_samples(&forward.url, false, count / 10, status_request).await);
+    }
+    let (floor, _) = median_p99(&mut direct);
+    let (median, p99) = median_p99(&mut hop);
+    Row {
+        key: "rtt_ws_hop",
+        what: "echo round trip through one bare websocket forwarder vs direct",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor),
+        target: "(reported)",
+        met: true,
+        peer: None,
+    }
+}
+
 /// The file every `fs/getMetadata` round trip asks about: the benchmark binary itself,
 /// which exists for as long as the run.
 fn metadata_request(id: i64) -> String {
