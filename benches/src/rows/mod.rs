@@ -48,6 +48,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("rtt_ws_hop") {
         rows.push(rtt::rtt_ws_hop(budget).await);
     }
+    if wanted("tput_ws_hop") {
+        rows.push(rtt::tput_ws_hop().await);
+    }
     rows.extend(rps::rps_ws(budget, &wanted).await);
     if wanted("spawn") {
         rows.push(process::spawn(budget).await);

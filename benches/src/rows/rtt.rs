@@ -118,6 +118,68 @@ pub async fn rtt_ws_hop(budget: Budget) -> Row {
     }
 }
 
+/// Bytes/s of binary messages echoed back over `url`, sent while the echoes are read (the
+/// socket buffers bound what is in flight).
+async fn echo_rate(url: &str, total: usize) -> f64 {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    const MESSAGE: usize = 64 * 1024;
+    let ws = wire::ws_connect(url).await;
+    let (mut tx, mut rx) = ws.split();
+    let messages = total / MESSAGE;
+    let payload = tokio_tungstenite::tungstenite::Bytes::from(vec![7u8; MESSAGE]);
+    let started = Instant::now();
+    let send = async {
+        for _ in 0..messages {
+            tx.send(Message::Binary(payload.clone()))
+                .await
+                .expect("send");
+        }
+        tx
+    };
+    let receive = async {
+        let mut received = 0;
+        while received < messages * MESSAGE {
+            match rx.next().await.expect("open").expect("message") {
+                Message::Binary(data) => received += data.len(),
+                _ => continue,
+            }
+        }
+    };
+    let (_tx, ()) = tokio::join!(send, receive);
+    (messages * MESSAGE) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Throughput through one bare forwarding hop against the echo floor directly: what one
+/// more WebSocket hop costs in bytes/s on this machine, the floor under `relay_out_*`.
+pub async fn tput_ws_hop() -> Row {
+    let echo = WsProcess::echo_floor().await;
+    let forward = WsProcess::forward_floor(&echo.url).await;
+    let total = 64 << 20;
+    let mut direct = Vec::new();
+    let mut hop = Vec::new();
+    for _ in 0..3 {
+        direct.push(echo_rate(&echo.url, total).await);
+        hop.push(echo_rate(&forward.url, total).await);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Row {
+        key: "tput_ws_hop",
+        what: "64 MiB echoed through one bare websocket forwarder vs direct",
+        unit: Unit::BytesPerSecond,
+        median: median(&mut hop),
+        p99: None,
+        floor: Some(median(&mut direct)),
+        target: "(reported)",
+        met: true,
+        peer: None,
+    }
+}
+
 /// The file every `fs/getMetadata` round trip asks about: the benchmark binary itself,
 /// which exists for as long as the run.
 fn metadata_request(id: i64) -> String {
