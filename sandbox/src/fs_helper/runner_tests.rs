@@ -382,3 +382,27 @@ async fn kept_helpers_are_bounded_per_session_and_in_all() {
     read_in(&runner, "a", &other_policy()).await.unwrap();
     assert_eq!(starts(dir.path()), before + 1);
 }
+
+#[tokio::test]
+async fn a_helper_that_moved_a_large_answer_is_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every answer carries a little over a mebibyte of base64.
+    let program = serving_script(
+        dir.path(),
+        r#"big=$(head -c 800000 /dev/zero | base64 -w0)
+while read -r request; do
+  printf '{"status":"ok","payload":{"operation":"fs/readFile","response":{"dataBase64":"%s"}}}\n' "$big"
+done"#,
+    );
+    let runner = runner_with(&program, 5000, Some(Duration::from_secs(60)), 2, 1);
+    let settings = FsHelperSettings {
+        max_response_bytes: 4 * 1024 * 1024,
+        ..runner.settings().clone()
+    };
+    let runner = FsHelperRunner::new(settings, 2, 1);
+    for _ in 0..2 {
+        read_in(&runner, "session", &policy()).await.unwrap();
+    }
+    assert_eq!(starts(dir.path()), 2);
+    assert_eq!(runner.idle.len(), 0);
+}
