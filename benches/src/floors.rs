@@ -12,17 +12,71 @@ use tokio_tungstenite::tungstenite::Message;
 pub const WS_ECHO: &str = "--floor-ws-echo";
 /// Sentinel: a process that echoes every stdin line to stdout.
 pub const LINE_ECHO: &str = "--floor-line-echo";
+/// Sentinel: a WebSocket server that forwards each connection, message by message, to
+/// a new connection to the `ws://` URL after it, and back: the one hop a relay adds.
+pub const WS_FORWARD: &str = "--floor-ws-forward";
 
 /// Runs a floor server if `args[1]` asks for one; returns its exit code.
 pub fn dispatch(args: &[String]) -> Option<i32> {
     match args.get(1).map(String::as_str) {
         Some(WS_ECHO) => Some(ws_echo()),
         Some(LINE_ECHO) => Some(line_echo()),
+        Some(WS_FORWARD) => Some(ws_forward(args.get(2).expect("the upstream URL").clone())),
         _ => None,
     }
 }
 
 fn ws_echo() -> i32 {
+    serve_websockets(|mut ws| async move {
+        while let Some(Ok(message)) = ws.next().await {
+            if matches!(message, Message::Text(_) | Message::Binary(_))
+                && ws.send(message).await.is_err()
+            {
+                return;
+            }
+        }
+    })
+}
+
+fn ws_forward(upstream: String) -> i32 {
+    serve_websockets(move |downstream| {
+        let upstream = upstream.clone();
+        async move {
+            let Ok((upstream, _)) = tokio_tungstenite::connect_async(&upstream).await else {
+                return;
+            };
+            let (mut down_tx, mut down_rx) = downstream.split();
+            let (mut up_tx, mut up_rx) = upstream.split();
+            let forward = async {
+                while let Some(Ok(message)) = down_rx.next().await {
+                    if up_tx.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let back = async {
+                while let Some(Ok(message)) = up_rx.next().await {
+                    if down_tx.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                () = forward => {}
+                () = back => {}
+            }
+        }
+    })
+}
+
+/// Listens on `127.0.0.1:0`, prints its `ws://` line and runs `serve` on every WebSocket
+/// accepted, each in a task of its own, on a runtime like exec-server's.
+fn serve_websockets<F, Fut>(serve: F) -> i32
+where
+    F: Fn(tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let serve = std::sync::Arc::new(serve);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -36,16 +90,10 @@ fn ws_echo() -> i32 {
                 continue;
             };
             let _ = tcp.set_nodelay(true);
+            let serve = std::sync::Arc::clone(&serve);
             tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
-                    return;
-                };
-                while let Some(Ok(message)) = ws.next().await {
-                    if matches!(message, Message::Text(_) | Message::Binary(_))
-                        && ws.send(message).await.is_err()
-                    {
-                        return;
-                    }
+                if let Ok(ws) = tokio_tungstenite::accept_async(tcp).await {
+                    serve(ws).await;
                 }
             });
         }

@@ -3,6 +3,7 @@
 //! fail-closed checks of §3.1/§6.1, and the fs helper runner.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use exec_server_core::config::{ConfigError, ConfigSource};
@@ -125,6 +126,7 @@ impl SandboxRuntime {
                     max_response_bytes: config.helper_max_response_bytes,
                     max_request_bytes,
                     enforcement: config.enforcement,
+                    reuse_for: None,
                 },
                 config.max_concurrent_helpers,
                 config.max_helpers_per_session,
@@ -165,6 +167,7 @@ impl SandboxRuntime {
         let settings = FsHelperSettings {
             program: program.clone(),
             argv0: resolved.clone().unwrap_or_else(|_| program.clone()),
+            reuse_for: self.fs_helper_reuse(&program),
             ..self.fs_runner.settings().clone()
         };
         self.fs_runner = FsHelperRunner::new(
@@ -174,6 +177,28 @@ impl SandboxRuntime {
         );
         self.program = program;
         self.resolved = resolved;
+    }
+
+    /// How long an fs helper is kept for its session's next request: only helpers of this
+    /// very binary, which is known to serve (`--serve`). A configured executable may be a
+    /// host binary of another version that answers one request per process.
+    fn fs_helper_reuse(&self, program: &Path) -> Option<Duration> {
+        let idle = Duration::from_millis(self.config.fs_helper_idle_ms);
+        (program == Path::new(SELF_EXE) && !idle.is_zero()).then_some(idle)
+    }
+
+    /// Kills the fs helpers kept for `session`, which ended.
+    pub fn forget_session(&self, session: &str) {
+        self.fs_runner.forget_session(session);
+    }
+
+    /// Makes the fs helpers kept for `session` end with it rather than when they would
+    /// have expired; every plugin that runs fs helpers for a session calls this first.
+    pub fn end_helpers_with(self: &Arc<Self>, session: &exec_server_core::Session) {
+        session.state(|| HelpersEndWithSession {
+            sandbox: Arc::clone(self),
+            session: session.id().to_owned(),
+        });
     }
 
     pub fn config(&self) -> &SandboxConfig {
@@ -282,6 +307,18 @@ impl SandboxRuntime {
     /// The fs helper runner (for inspection of its command).
     pub fn fs_runner(&self) -> &FsHelperRunner {
         &self.fs_runner
+    }
+}
+
+/// A session's hook that kills the fs helpers kept for it when it ends.
+struct HelpersEndWithSession {
+    sandbox: Arc<SandboxRuntime>,
+    session: String,
+}
+
+impl exec_server_core::SessionState for HelpersEndWithSession {
+    fn session_ended(&self) {
+        self.sandbox.forget_session(&self.session);
     }
 }
 

@@ -170,6 +170,7 @@ pub(crate) async fn execute<O: FsOperation>(
     match state.sandbox.decide_fs(sandbox, top_level_policy)? {
         SandboxDecision::Unsandboxed => operation.run_in_server(&state.pool, session).await,
         SandboxDecision::Enforce(policy) => {
+            state.sandbox.end_helpers_with(session);
             let params = to_wire(&operation.helper_params())?;
             let response = state
                 .sandbox
