@@ -378,7 +378,10 @@ async fn sandboxed_file_streaming_is_refused() {
 // ---- §10.2 the helper protocol ------------------------------------------------------------
 
 /// Runs the real helper by hand with `args` and `stdin`.
-async fn helper_by_hand(args: &[&str], stdin: &str) -> (std::process::ExitStatus, String, String) {
+pub(crate) async fn helper_by_hand(
+    args: &[&str],
+    stdin: &str,
+) -> (std::process::ExitStatus, String, String) {
     let mut command = tokio::process::Command::new(server_bin());
     command
         .arg("--codex-run-as-fs-helper")
@@ -401,7 +404,7 @@ async fn helper_by_hand(args: &[&str], stdin: &str) -> (std::process::ExitStatus
     )
 }
 
-fn helper_policy(tree: &Tree) -> String {
+pub(crate) fn helper_policy(tree: &Tree) -> String {
     json!({"version": 1, "readable": "all",
            "writable": [format!("file://{}", tree.path("allowed"))],
            "readOnly": [], "deniedPaths": [], "deniedGlobs": [],

@@ -21,6 +21,7 @@ mod process;
 mod readme;
 mod relay;
 mod sandbox;
+mod sandbox_reuse;
 mod search;
 mod websocket;
 mod ws_auth;

@@ -12,12 +12,16 @@ use tokio_tungstenite::tungstenite::Message;
 pub const WS_ECHO: &str = "--floor-ws-echo";
 /// Sentinel: a process that echoes every stdin line to stdout.
 pub const LINE_ECHO: &str = "--floor-line-echo";
+/// Sentinel: a WebSocket server that forwards each connection, message by message, to
+/// a new connection to the `ws://` URL after it, and back: the one hop a relay adds.
+pub const WS_FORWARD: &str = "--floor-ws-forward";
 
 /// Runs a floor server if `args[1]` asks for one; returns its exit code.
 pub fn dispatch(args: &[String]) -> Option<i32> {
     match args.get(1).map(String::as_str) {
         Some(WS_ECHO) => Some(ws_echo()),
         Some(LINE_ECHO) => Some(line_echo()),
+        Some(WS_FORWARD) => Some(ws_forward(args.get(2).expect("the upstream URL").clone())),
         _ => None,
     }
 }
@@ -46,6 +50,53 @@ fn ws_echo() -> i32 {
                     {
                         return;
                     }
+                }
+            });
+        }
+    })
+}
+
+fn ws_forward(upstream: String) -> i32 {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        println!("ws://{}", listener.local_addr().expect("address"));
+        std::io::stdout().flush().expect("flush");
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(downstream) = tokio_tungstenite::accept_async(tcp).await else {
+                    return;
+                };
+                let Ok((upstream, _)) = tokio_tungstenite::connect_async(&upstream).await else {
+                    return;
+                };
+                let (mut down_tx, mut down_rx) = downstream.split();
+                let (mut up_tx, mut up_rx) = upstream.split();
+                let forward = async {
+                    while let Some(Ok(message)) = down_rx.next().await {
+                        if up_tx.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                let back = async {
+                    while let Some(Ok(message)) = up_rx.next().await {
+                        if down_tx.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                tokio::select! {
+                    () = forward => {}
+                    () = back => {}
                 }
             });
         }

@@ -76,6 +76,14 @@ impl WsProcess {
         Self::start(cmd).await
     }
 
+    /// A bare tokio-tungstenite forwarder in front of `upstream` (the echo floor): the
+    /// least one more WebSocket hop costs.
+    pub async fn forward_floor(upstream: &str) -> Self {
+        let mut cmd = Command::new(std::env::current_exe().expect("own path"));
+        cmd.arg(crate::floors::WS_FORWARD).arg(upstream);
+        Self::start(cmd).await
+    }
+
     async fn start(mut cmd: Command) -> Self {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -21,6 +21,9 @@ use crate::policy::Enforcement;
 /// The table's name.
 pub const TABLE: &str = "sandbox";
 
+/// Largest accepted `fs_helper_idle_ms`: an hour.
+const MAX_FS_HELPER_IDLE_MS: u64 = 3_600_000;
+
 /// Smallest accepted `helper_max_response_bytes`.
 const MIN_RESPONSE_BYTES: u64 = 1024 * 1024;
 
@@ -38,6 +41,9 @@ pub struct SandboxConfig {
     pub max_concurrent_helpers: usize,
     /// fs helpers one session runs at once; its further requests wait for their turn.
     pub max_helpers_per_session: usize,
+    /// How long an fs helper that answered waits for the next request of its session under
+    /// the same policy; 0: one helper per request. Only for the server's own binary.
+    pub fs_helper_idle_ms: u64,
     /// The binary spawned for helpers; `None`: `/proc/self/exe`.
     pub helper_executable: Option<PathBuf>,
     pub process_narrowing: ProcessNarrowing,
@@ -53,6 +59,7 @@ impl Default for SandboxConfig {
             helper_max_response_bytes: 805_306_368,
             max_concurrent_helpers: 16,
             max_helpers_per_session: 4,
+            fs_helper_idle_ms: 10_000,
             helper_executable: None,
             process_narrowing: ProcessNarrowing::MountNamespace,
             exit_output_grace_ms: 20,
@@ -70,6 +77,7 @@ struct SandboxTable {
     helper_max_response_bytes: u64,
     max_concurrent_helpers: usize,
     max_helpers_per_session: usize,
+    fs_helper_idle_ms: u64,
     helper_executable: Option<PathBuf>,
     process_narrowing: String,
     exit_output_grace_ms: u64,
@@ -86,6 +94,7 @@ impl Default for SandboxTable {
             helper_max_response_bytes: d.helper_max_response_bytes,
             max_concurrent_helpers: d.max_concurrent_helpers,
             max_helpers_per_session: d.max_helpers_per_session,
+            fs_helper_idle_ms: d.fs_helper_idle_ms,
             helper_executable: None,
             process_narrowing: "mount-namespace".to_owned(),
             exit_output_grace_ms: d.exit_output_grace_ms,
@@ -145,6 +154,15 @@ impl SandboxConfig {
                 source.invalid(&key("max_helpers_per_session"), "must be at least 1, got 0")
             );
         }
+        if table.fs_helper_idle_ms > MAX_FS_HELPER_IDLE_MS {
+            return Err(source.invalid(
+                &key("fs_helper_idle_ms"),
+                format!(
+                    "must be at most {MAX_FS_HELPER_IDLE_MS}, got {}",
+                    table.fs_helper_idle_ms
+                ),
+            ));
+        }
         if let Some(path) = table
             .helper_executable
             .as_ref()
@@ -164,6 +182,7 @@ impl SandboxConfig {
             helper_max_response_bytes: table.helper_max_response_bytes,
             max_concurrent_helpers: table.max_concurrent_helpers,
             max_helpers_per_session: table.max_helpers_per_session,
+            fs_helper_idle_ms: table.fs_helper_idle_ms,
             helper_executable: table.helper_executable,
             process_narrowing,
             exit_output_grace_ms: table.exit_output_grace_ms,

@@ -2,6 +2,10 @@
 //! `<exe> --codex-run-as-fs-helper --policy <json> [--max-request-bytes <n>]`, which confines
 //! itself, reads one request from stdin, runs it and writes one response line.
 //!
+//! With `--serve <idle-exit-ms>` (ours, not codex's) the confined helper answers one
+//! request per line instead, for as long as the server keeps it: the server reuses it for
+//! later requests of the same session under the same policy (see `serve` and `idle`).
+//!
 //! Without `--policy` (how codex starts its own helper) it confines nothing further: the
 //! request runs with exactly the rights the helper was started with, which it never
 //! raises (`no_new_privs`), and the answers are those of codex's helper. The server itself
@@ -9,7 +13,9 @@
 //!
 //! * this module — the protocol types and the helper's `main` (§4.1, §4.4–§4.7);
 //! * `checks` — the per-operation user-space checks (§5.6) and the denial flag (§7.1);
-//! * `runner` — the server side: spawn, time-out, limits, and every failure answer (§4.2, §4.6).
+//! * `serve` — the helper's loop under `--serve`;
+//! * `runner` — the server side: spawn, time-out, limits, and every failure answer (§4.2, §4.6);
+//! * `idle` — the server's confined helpers waiting for their session's next request.
 //!
 //! The helper does not know how to perform an operation: the host passes it its decoder
 //! (§5.7), which turns a request into the very operation the server would run, reporting
@@ -29,7 +35,9 @@ use crate::enforce::{self, HelperKind, Namespace, Namespaces};
 use crate::policy::SandboxPolicy;
 
 mod checks;
+mod idle;
 pub mod runner;
+mod serve;
 
 pub use checks::{precheck, CheckedTarget, Need, Target};
 
@@ -134,17 +142,24 @@ impl From<ErrorPayload> for RpcError {
     }
 }
 
+/// `argv` flag of a helper that serves requests until it is idle for the given time.
+pub const SERVE_ARG: &str = "--serve";
+
 /// The helper's command line.
 #[derive(Debug)]
 struct HelperArgs {
     /// `None`: run under the confinement the helper was started in.
     policy: Option<String>,
     max_request_bytes: u64,
+    /// `--serve <ms>`: answer requests, one per line, until stdin closes or none has
+    /// arrived for this long.
+    serve: Option<std::time::Duration>,
 }
 
 fn parse_args(args: &[OsString]) -> Result<HelperArgs, String> {
     let mut policy = None;
     let mut max_request_bytes = DEFAULT_MAX_REQUEST_BYTES;
+    let mut serve = None;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
@@ -161,12 +176,23 @@ fn parse_args(args: &[OsString]) -> Result<HelperArgs, String> {
                     .parse()
                     .map_err(|_| format!("invalid --max-request-bytes `{text}`"))?;
             }
+            Some(SERVE_ARG) => {
+                let text = value(SERVE_ARG)?;
+                let millis = text
+                    .parse()
+                    .map_err(|_| format!("invalid {SERVE_ARG} `{text}`"))?;
+                serve = Some(std::time::Duration::from_millis(millis));
+            }
             _ => return Err(format!("unexpected argument `{}`", arg.to_string_lossy())),
         }
+    }
+    if serve.is_some() && policy.is_none() {
+        return Err(format!("{SERVE_ARG} needs --policy"));
     }
     Ok(HelperArgs {
         policy,
         max_request_bytes,
+        serve,
     })
 }
 
@@ -195,9 +221,14 @@ pub fn main(args: &[OsString], decoder: FsDecoder) -> i32 {
         .map_err(|_| ())
     });
     if confined.is_err() {
+        // Also under `--serve`: the helper answers this one request and exits, and the
+        // server does not use it again.
         return respond(HelperResponse::Error(
             RpcError::fs_sandbox_unenforceable().into(),
         ));
+    }
+    if let Some(idle_exit) = args.serve {
+        return serve::serve(&policy, args.max_request_bytes, idle_exit, decoder);
     }
     let request = match read_request(args.max_request_bytes) {
         Ok(request) => request,
@@ -300,7 +331,12 @@ fn read_request(max_bytes: u64) -> Result<HelperRequest, String> {
     if text.len() as u64 > max_bytes {
         return Err(format!("request exceeds {max_bytes} bytes"));
     }
-    let request: HelperRequest = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    parse_request(&text)
+}
+
+/// One request as read, checked for a known operation.
+fn parse_request(text: &[u8]) -> Result<HelperRequest, String> {
+    let request: HelperRequest = serde_json::from_slice(text).map_err(|e| e.to_string())?;
     if !OPERATIONS.contains(&request.operation.as_str()) {
         return Err(format!("unsupported operation `{}`", request.operation));
     }

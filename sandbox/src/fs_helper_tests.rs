@@ -169,3 +169,19 @@ fn checks_run_before_the_executor_and_permission_errors_are_classified() {
         json!({"code": -32600, "message": "Permission denied (os error 13)"})
     );
 }
+
+#[test]
+fn serving_needs_a_policy_and_an_idle_time() {
+    let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
+    let parsed = parse_args(&args(&["--policy", "{}", "--serve", "1500"])).unwrap();
+    assert_eq!(parsed.serve, Some(std::time::Duration::from_millis(1500)));
+    assert_eq!(
+        parse_args(&args(&["--serve", "1500"])).unwrap_err(),
+        "--serve needs --policy"
+    );
+    assert_eq!(
+        parse_args(&args(&["--policy", "{}", "--serve", "soon"])).unwrap_err(),
+        "invalid --serve `soon`"
+    );
+    assert_eq!(parse_args(&args(&["--policy", "{}"])).unwrap().serve, None);
+}

@@ -125,6 +125,7 @@ impl SandboxRuntime {
                     max_response_bytes: config.helper_max_response_bytes,
                     max_request_bytes,
                     enforcement: config.enforcement,
+                    reuse_for: None,
                 },
                 config.max_concurrent_helpers,
                 config.max_helpers_per_session,
@@ -165,6 +166,7 @@ impl SandboxRuntime {
         let settings = FsHelperSettings {
             program: program.clone(),
             argv0: resolved.clone().unwrap_or_else(|_| program.clone()),
+            reuse_for: self.fs_helper_reuse(&program),
             ..self.fs_runner.settings().clone()
         };
         self.fs_runner = FsHelperRunner::new(
@@ -174,6 +176,19 @@ impl SandboxRuntime {
         );
         self.program = program;
         self.resolved = resolved;
+    }
+
+    /// How long an fs helper is kept for its session's next request: only helpers of this
+    /// very binary, which is known to serve (`--serve`). A configured executable may be a
+    /// host binary of another version that answers one request per process.
+    fn fs_helper_reuse(&self, program: &Path) -> Option<Duration> {
+        let idle = Duration::from_millis(self.config.fs_helper_idle_ms);
+        (program == Path::new(SELF_EXE) && !idle.is_zero()).then_some(idle)
+    }
+
+    /// Kills the fs helpers kept for `session`, which ended.
+    pub fn forget_session(&self, session: &str) {
+        self.fs_runner.forget_session(session);
     }
 
     pub fn config(&self) -> &SandboxConfig {

@@ -45,6 +45,12 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("rtt_stdio") {
         rows.push(rtt::rtt_stdio(budget).await);
     }
+    if wanted("rtt_ws_hop") {
+        rows.push(rtt::rtt_ws_hop(budget).await);
+    }
+    if wanted("tput_ws_hop") {
+        rows.push(rtt::tput_ws_hop().await);
+    }
     rows.extend(rps::rps_ws(budget, &wanted).await);
     if wanted("spawn") {
         rows.push(process::spawn(budget).await);
@@ -72,6 +78,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     }
     if wanted("sandbox_read") {
         rows.push(fs::sandbox_read(budget).await);
+    }
+    if wanted("sandbox_read_fresh") {
+        rows.push(fs::sandbox_read_fresh(budget).await);
     }
     if wanted("victim_alone") || wanted("victim_flood") {
         rows.extend(fair_fs::fs_victim(budget).await);

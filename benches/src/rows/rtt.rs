@@ -89,6 +89,97 @@ pub async fn rtt_ws(budget: Budget) -> Row {
     }
 }
 
+/// The least one more WebSocket hop adds to a round trip: the echo floor reached through
+/// a bare forwarder (what the rendezvous is to a relay stream) against the echo floor
+/// reached directly. `rtt_relay_*` pay this hop on top of their own work.
+pub async fn rtt_ws_hop(budget: Budget) -> Row {
+    let echo = WsProcess::echo_floor().await;
+    let forward = WsProcess::forward_floor(&echo.url).await;
+    let count = budget.round_trips;
+    let mut direct = Vec::with_capacity(count);
+    let mut hop = Vec::with_capacity(count);
+    // Interleaved in blocks, so both see the same machine.
+    for _ in 0..10 {
+        direct.extend(ws_samples(&echo.url, false, count / 10, status_request).await);
+        hop.extend(ws_samples(&forward.url, false, count / 10, status_request).await);
+    }
+    let (floor, _) = median_p99(&mut direct);
+    let (median, p99) = median_p99(&mut hop);
+    Row {
+        key: "rtt_ws_hop",
+        what: "echo round trip through one bare websocket forwarder vs direct",
+        unit: Unit::Micros,
+        median,
+        p99: Some(p99),
+        floor: Some(floor),
+        target: "(reported)",
+        met: true,
+        peer: None,
+    }
+}
+
+/// Bytes/s of binary messages echoed back over `url`, sent while the echoes are read (the
+/// socket buffers bound what is in flight).
+async fn echo_rate(url: &str, total: usize) -> f64 {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    const MESSAGE: usize = 64 * 1024;
+    let ws = wire::ws_connect(url).await;
+    let (mut tx, mut rx) = ws.split();
+    let messages = total / MESSAGE;
+    let payload = tokio_tungstenite::tungstenite::Bytes::from(vec![7u8; MESSAGE]);
+    let started = Instant::now();
+    let send = async {
+        for _ in 0..messages {
+            tx.send(Message::Binary(payload.clone()))
+                .await
+                .expect("send");
+        }
+        tx
+    };
+    let receive = async {
+        let mut received = 0;
+        while received < messages * MESSAGE {
+            match rx.next().await.expect("open").expect("message") {
+                Message::Binary(data) => received += data.len(),
+                _ => continue,
+            }
+        }
+    };
+    let (_tx, ()) = tokio::join!(send, receive);
+    (messages * MESSAGE) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Throughput through one bare forwarding hop against the echo floor directly: what one
+/// more WebSocket hop costs in bytes/s on this machine, the floor under `relay_out_*`.
+pub async fn tput_ws_hop() -> Row {
+    let echo = WsProcess::echo_floor().await;
+    let forward = WsProcess::forward_floor(&echo.url).await;
+    let total = 64 << 20;
+    let mut direct = Vec::new();
+    let mut hop = Vec::new();
+    for _ in 0..3 {
+        direct.push(echo_rate(&echo.url, total).await);
+        hop.push(echo_rate(&forward.url, total).await);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Row {
+        key: "tput_ws_hop",
+        what: "64 MiB echoed through one bare websocket forwarder vs direct",
+        unit: Unit::BytesPerSecond,
+        median: median(&mut hop),
+        p99: None,
+        floor: Some(median(&mut direct)),
+        target: "(reported)",
+        met: true,
+        peer: None,
+    }
+}
+
 /// The file every `fs/getMetadata` round trip asks about: the benchmark binary itself,
 /// which exists for as long as the run.
 fn metadata_request(id: i64) -> String {

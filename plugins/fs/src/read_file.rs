@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use exec_server_core::proto::bytes::base64_object;
-use exec_server_core::proto::fs::{ReadFileParams, ReadFileResult, READ_FILE};
+use exec_server_core::proto::fs::{ReadFileParams, READ_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 use exec_server_sandbox::fs_helper::{Need, Target};
@@ -15,8 +15,7 @@ use serde_json::value::RawValue;
 use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::payload::Base64Bytes;
-use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
+use crate::routing::{execute_params, FsOperation, FsState};
 
 /// The answer, `{"dataBase64":"…"}`, made as raw JSON in one buffer (the server hands a raw
 /// answer on without serializing it again).
@@ -25,15 +24,31 @@ pub(crate) async fn handle(
     cx: Call,
     params: ReadFileParams,
 ) -> Result<Box<RawValue>, RpcError> {
-    let data = execute_params::<ReadFile>(&config, cx.session(), params).await?;
-    // Encoding a large file takes tens of milliseconds: do it off the reactor threads too,
-    // so the answer is only copied, never computed, where other connections are served.
-    let encode = move |_| Ok(base64_object(DATA_BASE64, &data));
-    config.pool.run(cx.session(), READ_FILE, encode).await
+    execute_params::<ReadFile>(&config, cx.session(), params)
+        .await
+        .map(Encoded::into_raw)
+}
+
+/// A file's bytes as the method's result object, `{"dataBase64":"…"}`.
+#[derive(Debug)]
+pub(crate) struct Encoded(Box<RawValue>);
+
+impl Encoded {
+    fn of(data: &[u8]) -> Self {
+        Self(base64_object(DATA_BASE64, data))
+    }
+
+    pub(crate) fn into_raw(self) -> Box<RawValue> {
+        self.0
+    }
 }
 
 /// The member of `ReadFileResult` that carries the bytes, as serde names it.
 const DATA_BASE64: &str = "dataBase64";
+
+/// What [`base64_object`] writes before and after the base64 of a result.
+const RESULT_PREFIX: &str = "{\"dataBase64\":\"";
+const RESULT_SUFFIX: &str = "\"}";
 
 /// `fs/readFile` with its defaults applied.
 #[derive(Debug)]
@@ -46,7 +61,7 @@ pub(crate) struct ReadFile {
 
 impl FsOperation for ReadFile {
     type Params = ReadFileParams;
-    type Output = Vec<u8>;
+    type Output = Encoded;
     const METHOD: &'static str = READ_FILE;
 
     fn from_params(params: ReadFileParams, limits: &FsConfig) -> Result<Self, RpcError> {
@@ -65,39 +80,85 @@ impl FsOperation for ReadFile {
         }]
     }
 
-    fn run(self, _deadline: Deadline) -> Result<Vec<u8>, RpcError> {
+    /// Reads and encodes in the same job: encoding a large file takes tens of
+    /// milliseconds, which belong off the reactor threads, and doing it here costs no
+    /// second trip to the worker threads.
+    fn run(self, _deadline: Deadline) -> Result<Encoded, RpcError> {
         crate::regular_file::read_file(&self.path, self.follow_symlinks, self.limit)
+            .map(|data| Encoded::of(&data))
     }
 
-    fn run_confined(self, policy: &SandboxPolicy) -> Result<Vec<u8>, RpcError> {
+    fn run_confined(self, policy: &SandboxPolicy) -> Result<Encoded, RpcError> {
         crate::confined::read_file(policy, &self.path, self.follow_symlinks, self.limit)
+            .map(|data| Encoded::of(&data))
     }
 
     fn helper_params(&self) -> serde_json::Value {
         json!({"path": helper_path(&self.path), "followSymlinks": self.follow_symlinks, "sandbox": null})
     }
 
-    fn output_to_wire(output: Vec<u8>) -> Result<Box<RawValue>, RpcError> {
-        to_wire(&ReadFileResult {
-            data_base64: Base64Bytes(output),
-        })
+    fn output_to_wire(output: Encoded) -> Result<Box<RawValue>, RpcError> {
+        Ok(output.into_raw())
     }
 
-    /// The helper reads up to the default limit; the server's own limit applies here.
-    fn output_from_wire(&self, response: &RawValue) -> Result<Vec<u8>, RpcError> {
-        let result: ReadFileResult = from_wire(response)?;
-        let data = exec_server_core::proto::bytes::decode_base64(&result.data_base64)
-            .map_err(RpcError::fs_helper_message)?;
-        if data.len() as u64 > self.limit {
+    /// The helper's answer is passed on as it came once it is shown to be exactly a result
+    /// object in the server's own form whose base64 decodes, within the server's own limit
+    /// (the helper reads up to the default one).
+    fn output_from_wire(&self, response: &RawValue) -> Result<Encoded, RpcError> {
+        let text = response.get();
+        let data = text
+            .strip_prefix(RESULT_PREFIX)
+            .and_then(|rest| rest.strip_suffix(RESULT_SUFFIX))
+            .ok_or_else(|| {
+                RpcError::fs_helper_message(format!("unexpected fs/readFile result: {text:.64}"))
+            })?;
+        let length = exec_server_core::proto::bytes::decode_base64(data)
+            .map_err(RpcError::fs_helper_message)?
+            .len();
+        if length as u64 > self.limit {
             return Err(RpcError::file_too_large(self.limit));
         }
-        Ok(data)
+        Ok(Encoded(response.to_owned()))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use exec_server_core::proto::fs::ReadFileResult;
+
     use super::*;
+
+    fn read_file(limit: u64) -> ReadFile {
+        ReadFile {
+            path: PathBuf::from("/a"),
+            follow_symlinks: true,
+            limit,
+        }
+    }
+
+    #[test]
+    fn a_helpers_answer_passes_on_unchanged_only_in_the_servers_own_form() {
+        let answer = base64_object(DATA_BASE64, b"payload\n");
+        let text = answer.get();
+        assert!(text.starts_with(RESULT_PREFIX) && text.ends_with(RESULT_SUFFIX));
+        let passed = read_file(8).output_from_wire(&answer).unwrap();
+        assert_eq!(passed.into_raw().get(), text);
+
+        assert_eq!(
+            read_file(7).output_from_wire(&answer).unwrap_err(),
+            RpcError::file_too_large(7)
+        );
+        for foreign in [
+            r#"{"dataBase64":"cGF5bG9hZAo=","more":1}"#,
+            r#"{ "dataBase64":"cGF5bG9hZAo="}"#,
+            r#"{"dataBase64":"not base64!"}"#,
+            r#"{"dataBase64":"cGF5bG9hZA\u006f="}"#,
+        ] {
+            let raw = RawValue::from_string(foreign.to_owned()).unwrap();
+            let error = read_file(1024).output_from_wire(&raw).unwrap_err();
+            assert_eq!(error.code, -32603, "{foreign}: {error:?}");
+        }
+    }
 
     #[test]
     fn the_raw_answer_is_the_serialized_result() {

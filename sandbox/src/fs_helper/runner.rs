@@ -1,20 +1,27 @@
-//! The server side of the fs helper (SANDBOX.md §4.2, §4.6): one helper process per
-//! request, with a cleared environment, `/` as working directory, three pipes, a wall-clock
-//! limit, a cap on its output, and a bounded number of helpers alive at once, shared
+//! The server side of the fs helper (SANDBOX.md §4.2, §4.6): helper processes with a
+//! cleared environment, `/` as working directory, three pipes, a wall-clock limit per
+//! request, a cap on each answer, and a bounded number of helpers at work at once, shared
 //! fairly by sessions.
+//!
+//! A helper answers one request and exits, as §4 describes, unless reuse is on
+//! ([`FsHelperSettings::reuse_for`]): then a helper is started with `--serve` and, once it
+//! has answered, waits in `idle` for the next request of the same session under the same
+//! policy. A helper that failed, timed out, overflowed or wrote anything unexpected is
+//! killed, never reused.
 
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_server_core::FairSlots;
+use exec_server_core::{FairSlots, SlotPermit};
 use exec_server_proto::RpcError;
 use serde_json::value::RawValue;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
-use super::{HelperRequest, HelperResponse, FS_HELPER_ARG1};
+use super::idle::{HelperKey, IdleHelpers};
+use super::{HelperRequest, HelperResponse, FS_HELPER_ARG1, SERVE_ARG};
 use crate::policy::{Enforcement, SandboxPolicy};
 
 /// Bytes of the helper's stderr quoted in a failure message.
@@ -38,7 +45,14 @@ pub struct FsHelperSettings {
     /// Passed as `--max-request-bytes`.
     pub max_request_bytes: u64,
     pub enforcement: Enforcement,
+    /// `Some`: a helper is kept for this long after it answered, for the next request of
+    /// the same session under the same policy; `None`: one helper per request.
+    pub reuse_for: Option<Duration>,
 }
+
+/// How much longer than the server's reuse window a serving helper waits before it exits
+/// on its own: the server never hands a request to a helper that may be leaving.
+const IDLE_EXIT_MARGIN: Duration = Duration::from_secs(2);
 
 /// Runs fs helpers, at most `max_concurrent` at a time and `per_session` for one session.
 #[derive(Debug, Clone)]
@@ -48,14 +62,24 @@ pub struct FsHelperRunner {
     /// requests can create, and takes turns by session so that one session's burst only
     /// delays itself. Waiting for a slot is not charged to the time-out.
     slots: FairSlots,
+    /// Helpers that answered and wait for their session's next request: at most
+    /// `max_concurrent` in all and `per_session` for one session.
+    idle: Arc<IdleHelpers>,
 }
 
 impl FsHelperRunner {
     pub fn new(settings: FsHelperSettings, max_concurrent: usize, per_session: usize) -> Self {
+        let reuse_for = settings.reuse_for.unwrap_or_default();
         Self {
             settings: Arc::new(settings),
             slots: FairSlots::new("fs_helpers", max_concurrent, per_session),
+            idle: IdleHelpers::new(max_concurrent, per_session, reuse_for),
         }
+    }
+
+    /// Kills the helpers kept for `session` (it ended).
+    pub fn forget_session(&self, session: &str) {
+        self.idle.forget_session(session);
     }
 
     pub fn settings(&self) -> &FsHelperSettings {
@@ -65,13 +89,19 @@ impl FsHelperRunner {
     /// The helper command for `policy` (§4.1–§4.2); no `pre_exec`, so the standard library
     /// can spawn without `fork`.
     pub fn command(&self, policy: &SandboxPolicy) -> Command {
+        self.command_for(&policy.to_helper_json(self.settings.enforcement), None)
+    }
+
+    /// The helper command for a policy in its helper form, serving requests until idle
+    /// for `serve` when that is given.
+    fn command_for(&self, policy_json: &str, serve: Option<Duration>) -> Command {
         let s = &self.settings;
         let mut command = Command::new(&s.program);
         command
             .arg0(&s.argv0)
             .arg(FS_HELPER_ARG1)
             .arg("--policy")
-            .arg(policy.to_helper_json(s.enforcement))
+            .arg(policy_json)
             .arg("--max-request-bytes")
             .arg(s.max_request_bytes.to_string())
             .env_clear()
@@ -85,6 +115,9 @@ impl FsHelperRunner {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        if let Some(idle) = serve {
+            command.arg(SERVE_ARG).arg(millis(idle).to_string());
+        }
         command
     }
 
@@ -104,6 +137,27 @@ impl FsHelperRunner {
         };
         let request = serde_json::to_vec(&request).map_err(RpcError::fs_helper_message)?;
         let slot = self.slots.acquire(session).await;
+        match self.settings.reuse_for {
+            Some(reuse_for) => {
+                let key = HelperKey::new(session, policy.to_helper_json(self.settings.enforcement));
+                self.run_in_serving_helper(key, operation, request, &slot, reuse_for)
+                    .await
+            }
+            None => {
+                self.run_in_own_helper(operation, request, policy, slot)
+                    .await
+            }
+        }
+    }
+
+    /// One helper for this one request (§4).
+    async fn run_in_own_helper(
+        &self,
+        operation: &str,
+        request: Vec<u8>,
+        policy: &SandboxPolicy,
+        slot: SlotPermit,
+    ) -> Result<Box<RawValue>, RpcError> {
         let mut child = self
             .command(policy)
             .spawn()
@@ -150,6 +204,163 @@ impl FsHelperRunner {
         };
         drop(slot);
         interpret(operation, status, &out, &err)
+    }
+
+    /// The request in a helper kept for `key` if one waits, else in a new serving helper,
+    /// which waits for the key's next request afterwards if it answered cleanly.
+    async fn run_in_serving_helper(
+        &self,
+        key: HelperKey,
+        operation: &str,
+        mut request: Vec<u8>,
+        slot: &SlotPermit,
+        reuse_for: Duration,
+    ) -> Result<Box<RawValue>, RpcError> {
+        request.push(b'\n');
+        let timeout = self.settings.timeout;
+        let limit = self.settings.max_response_bytes;
+        loop {
+            let (mut helper, reused) = match self.idle.take(&key) {
+                Some(helper) => (helper, true),
+                None => {
+                    let command =
+                        self.command_for(key.policy(), Some(reuse_for + IDLE_EXIT_MARGIN));
+                    (ServingHelper::spawn(command)?, false)
+                }
+            };
+            let answer = match tokio::time::timeout(timeout, helper.exchange(&request, limit)).await
+            {
+                Ok(answer) => answer,
+                Err(_) => {
+                    slot.deadline().missed();
+                    helper.kill_and_reap().await;
+                    return Err(RpcError::fs_helper_timed_out(millis(timeout)));
+                }
+            };
+            match answer {
+                Answer::Line(line) => {
+                    return match parse_response(operation, &line) {
+                        Ok(answer) => {
+                            if helper.has_nothing_more_to_say() {
+                                self.idle.put(key, helper);
+                            }
+                            answer
+                        }
+                        // Not a response to this request: the helper no longer follows
+                        // the protocol and is not asked again.
+                        Err(e) => {
+                            helper.kill_and_reap().await;
+                            Err(e)
+                        }
+                    };
+                }
+                Answer::TooLarge => {
+                    helper.kill_and_reap().await;
+                    return Err(RpcError::fs_helper_response_too_large(limit));
+                }
+                Answer::Ended { said, status } => {
+                    // A kept helper that ends cleanly without a word has not read this
+                    // request (it only exits 0 between requests): a new helper runs it.
+                    if reused && said.is_empty() && status.success() {
+                        continue;
+                    }
+                    let stderr = tokio::time::timeout(timeout, helper.stderr())
+                        .await
+                        .unwrap_or_default();
+                    return interpret(operation, status, &said, &stderr);
+                }
+                Answer::Lost(e) => return Err(RpcError::fs_helper_message(e)),
+            }
+        }
+    }
+}
+
+/// A helper started with `--serve`: its pipes, and its stdout read a line at a time.
+#[derive(Debug)]
+pub(crate) struct ServingHelper {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    stderr: ChildStderr,
+}
+
+/// What a serving helper did with one request.
+enum Answer {
+    /// One line (without its newline).
+    Line(Vec<u8>),
+    /// More than the response limit before a newline.
+    TooLarge,
+    /// Its stdout ended after `said` (no complete line); it exited with `status`.
+    Ended { said: Vec<u8>, status: ExitStatus },
+    /// It could not be waited for.
+    Lost(std::io::Error),
+}
+
+impl ServingHelper {
+    fn spawn(mut command: Command) -> Result<Self, RpcError> {
+        let mut child = command.spawn().map_err(RpcError::fs_helper_spawn_failed)?;
+        let stdin = child.stdin.take().expect("stdin is piped");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        Ok(Self {
+            child,
+            stdin,
+            stdout: BufReader::with_capacity(64 * 1024, stdout),
+            stderr,
+        })
+    }
+
+    /// Sends `request` (one line) and reads the answer, at most `limit` bytes with its
+    /// newline.
+    async fn exchange(&mut self, request: &[u8], limit: u64) -> Answer {
+        let Self {
+            child,
+            stdin,
+            stdout,
+            ..
+        } = self;
+        // A helper that has gone makes the write fail; what it said, if anything, is read
+        // all the same.
+        let write = async {
+            let _ = stdin.write_all(request).await;
+        };
+        let mut line = Vec::new();
+        let mut bounded = (&mut *stdout).take(limit.saturating_add(1));
+        let ((), read) = tokio::join!(write, bounded.read_until(b'\n', &mut line));
+        if line.last() == Some(&b'\n') && line.len() as u64 <= limit {
+            line.pop();
+            return Answer::Line(line);
+        }
+        if line.len() as u64 > limit {
+            return Answer::TooLarge;
+        }
+        if read.is_err() {
+            // The pipe failed rather than ended: make sure the helper is gone.
+            let _ = child.start_kill();
+        }
+        match child.wait().await {
+            Ok(status) => Answer::Ended { said: line, status },
+            Err(e) => Answer::Lost(e),
+        }
+    }
+
+    /// True when the helper wrote nothing after its answer and is still running: the
+    /// only state in which it is asked again.
+    fn has_nothing_more_to_say(&mut self) -> bool {
+        self.stdout.buffer().is_empty() && self.is_running()
+    }
+
+    pub(crate) fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The start of what the helper wrote on stderr (it writes only as it fails).
+    async fn stderr(&mut self) -> (Vec<u8>, bool) {
+        read_stderr(&mut self.stderr).await
+    }
+
+    async fn kill_and_reap(&mut self) {
+        kill_and_reap(&mut self.child).await;
     }
 }
 
@@ -217,14 +428,22 @@ fn interpret(
     if stdout.is_empty() {
         return Err(RpcError::fs_helper_no_response());
     }
-    let line = stdout.strip_suffix(b"\n").unwrap_or(stdout);
+    parse_response(operation, stdout.strip_suffix(b"\n").unwrap_or(stdout))?
+}
+
+/// §4.6: the operation's answer in a helper's response `line` to a request for
+/// `operation`; the outer error when the line is no response to that request.
+fn parse_response(
+    operation: &str,
+    line: &[u8],
+) -> Result<Result<Box<RawValue>, RpcError>, RpcError> {
     match serde_json::from_slice::<HelperResponse>(line).map_err(RpcError::fs_helper_message)? {
-        HelperResponse::Ok(ok) if ok.operation == operation => Ok(ok.response),
+        HelperResponse::Ok(ok) if ok.operation == operation => Ok(Ok(ok.response)),
         HelperResponse::Ok(ok) => Err(RpcError::fs_helper_unexpected_response(
             operation,
             &ok.operation,
         )),
-        HelperResponse::Error(error) => Err(error.into()),
+        HelperResponse::Error(error) => Ok(Err(error.into())),
     }
 }
 

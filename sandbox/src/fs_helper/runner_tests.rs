@@ -19,6 +19,16 @@ fn policy() -> SandboxPolicy {
 }
 
 fn runner(program: &Path, timeout_ms: u64) -> FsHelperRunner {
+    runner_with(program, timeout_ms, None, 2, 1)
+}
+
+fn runner_with(
+    program: &Path,
+    timeout_ms: u64,
+    reuse_for: Option<Duration>,
+    total: usize,
+    per_session: usize,
+) -> FsHelperRunner {
     FsHelperRunner::new(
         FsHelperSettings {
             program: program.to_path_buf(),
@@ -27,9 +37,10 @@ fn runner(program: &Path, timeout_ms: u64) -> FsHelperRunner {
             max_response_bytes: 1024 * 1024,
             max_request_bytes: 1000,
             enforcement: Enforcement::Require,
+            reuse_for,
         },
-        2,
-        1,
+        total,
+        per_session,
     )
 }
 
@@ -203,4 +214,171 @@ echo '{"status":"ok","payload":{"operation":"fs/readFile","response":{"dataBase6
     for request in burst {
         request.abort();
     }
+}
+
+// ---- serving helpers, kept between requests ----------------------------------------------
+
+/// The answer every stand-in below gives.
+const EMPTY_READ: &str =
+    r#"{"status":"ok","payload":{"operation":"fs/readFile","response":{"dataBase64":""}}}"#;
+
+/// A stand-in for a serving helper: counts its starts in `starts` beside itself, then runs
+/// `body`.
+fn serving_script(dir: &Path, body: &str) -> PathBuf {
+    script(
+        dir,
+        &format!("echo started >> \"$(dirname \"$0\")/starts\"\n{body}"),
+    )
+}
+
+fn starts(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("starts"))
+        .map(|text| text.lines().count())
+        .unwrap_or(0)
+}
+
+fn kept_runner(program: &Path, total: usize, per_session: usize) -> FsHelperRunner {
+    runner_with(
+        program,
+        5000,
+        Some(Duration::from_secs(60)),
+        total,
+        per_session,
+    )
+}
+
+async fn read_in(
+    runner: &FsHelperRunner,
+    session: &str,
+    policy: &SandboxPolicy,
+) -> Result<Box<RawValue>, RpcError> {
+    let params = serde_json::value::to_raw_value(&json!({"path": "/x", "sandbox": null})).unwrap();
+    runner.run(session, "fs/readFile", params, policy).await
+}
+
+fn other_policy() -> SandboxPolicy {
+    SandboxPolicy {
+        writable: Vec::new(),
+        ..policy()
+    }
+}
+
+#[tokio::test]
+async fn a_serving_helper_answers_its_sessions_requests_one_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = serving_script(
+        dir.path(),
+        &format!("while read -r request; do echo '{EMPTY_READ}'; done"),
+    );
+    let runner = kept_runner(&program, 2, 1);
+    for _ in 0..3 {
+        let answer = read_in(&runner, "session", &policy()).await.unwrap();
+        assert_eq!(answer.get(), r#"{"dataBase64":""}"#);
+    }
+    assert_eq!(starts(dir.path()), 1);
+    assert_eq!(runner.idle.len(), 1);
+    runner.forget_session("session");
+    assert_eq!(runner.idle.len(), 0);
+}
+
+#[tokio::test]
+async fn the_serving_command_is_the_one_request_command_with_serve() {
+    let runner = kept_runner(Path::new("/proc/self/exe"), 2, 1);
+    let policy_json = policy().to_helper_json(Enforcement::Require);
+    let command = runner.command_for(&policy_json, Some(Duration::from_millis(62_000)));
+    let args: Vec<_> = command.as_std().get_args().collect();
+    let one_request = runner.command(&policy());
+    let mut expected: Vec<_> = one_request.as_std().get_args().collect();
+    expected.extend([std::ffi::OsStr::new(SERVE_ARG), "62000".as_ref()]);
+    assert_eq!(args, expected);
+}
+
+#[tokio::test]
+async fn a_kept_helper_that_left_between_requests_is_replaced_without_losing_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    // Answers one request, then exits 0 as a serving helper does between requests.
+    let program = serving_script(dir.path(), &format!("read -r request; echo '{EMPTY_READ}'"));
+    let runner = kept_runner(&program, 2, 1);
+    for _ in 0..3 {
+        let answer = read_in(&runner, "session", &policy()).await.unwrap();
+        assert_eq!(answer.get(), r#"{"dataBase64":""}"#);
+    }
+    assert_eq!(starts(dir.path()), 3);
+}
+
+#[tokio::test]
+async fn a_helper_that_breaks_the_protocol_is_never_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = serving_script(
+        dir.path(),
+        "while read -r request; do echo 'not json'; done",
+    );
+    let runner = kept_runner(&program, 2, 1);
+    for _ in 0..2 {
+        let error = read_in(&runner, "session", &policy()).await.unwrap_err();
+        assert!(
+            error
+                .message
+                .starts_with("failed to encode or decode fs sandbox helper message:"),
+            "{}",
+            error.message
+        );
+    }
+    assert_eq!(starts(dir.path()), 2);
+    assert_eq!(runner.idle.len(), 0);
+}
+
+#[tokio::test]
+async fn a_kept_helper_that_fails_mid_request_is_reported_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    // The second request makes it fail after reading it.
+    let program = serving_script(
+        dir.path(),
+        &format!("read -r request; echo '{EMPTY_READ}'\nread -r request; echo broken >&2; exit 1"),
+    );
+    let runner = kept_runner(&program, 2, 1);
+    read_in(&runner, "session", &policy()).await.unwrap();
+    let error = read_in(&runner, "session", &policy()).await.unwrap_err();
+    assert_eq!(
+        error.message,
+        "fs sandbox helper failed with status exit status: 1: broken"
+    );
+    assert_eq!(starts(dir.path()), 1);
+}
+
+#[tokio::test]
+async fn a_kept_helper_that_hangs_is_killed_at_the_time_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = serving_script(
+        dir.path(),
+        &format!("read -r request; echo '{EMPTY_READ}'\nexec sleep 60"),
+    );
+    let runner = runner_with(&program, 300, Some(Duration::from_secs(60)), 2, 1);
+    read_in(&runner, "session", &policy()).await.unwrap();
+    let error = read_in(&runner, "session", &policy()).await.unwrap_err();
+    assert_eq!(error, RpcError::fs_helper_timed_out(300));
+    assert_eq!(runner.idle.len(), 0);
+}
+
+#[tokio::test]
+async fn kept_helpers_are_bounded_per_session_and_in_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = serving_script(
+        dir.path(),
+        &format!("while read -r request; do echo '{EMPTY_READ}'; done"),
+    );
+    // Two in all, one per session.
+    let runner = kept_runner(&program, 2, 1);
+    read_in(&runner, "a", &policy()).await.unwrap();
+    read_in(&runner, "a", &other_policy()).await.unwrap();
+    assert_eq!(runner.idle.len(), 1, "one per session");
+    read_in(&runner, "b", &policy()).await.unwrap();
+    read_in(&runner, "c", &policy()).await.unwrap();
+    assert_eq!(runner.idle.len(), 2, "two in all");
+    // `a`'s helper was the oldest: gone, so `a` starts a new one; `c`'s is reused.
+    let before = starts(dir.path());
+    read_in(&runner, "c", &policy()).await.unwrap();
+    assert_eq!(starts(dir.path()), before);
+    read_in(&runner, "a", &other_policy()).await.unwrap();
+    assert_eq!(starts(dir.path()), before + 1);
 }
