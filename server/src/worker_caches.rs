@@ -66,7 +66,8 @@ impl Drop for CachedChunk {
 }
 
 /// Allocates as many chunks of every cached size as a cache holds: the cache hands out
-/// its own chunks first, so this thread's cache is empty afterwards.
+/// its own chunks first, so afterwards this thread's cache holds none of the chunks it
+/// held before (at most a few that glibc moved in from a bin of the same size).
 fn take_cached_chunks(into: &mut Vec<CachedChunk>) {
     // Reserved first: growing the list must not put a chunk back into the cache.
     into.reserve(CACHED_SIZES * CACHED_PER_SIZE);
