@@ -86,6 +86,53 @@ async fn read(client: &mut Client, path: &str, sandbox: &Value) -> Result<Value,
         .await
 }
 
+/// A server on this kernel, one initialized session, and the test tree with its default
+/// policy (`T/allowed` writable); `None` (the test passes) without Landlock.
+struct Setup {
+    tree: Tree,
+    policy: Value,
+    server: WsServer,
+    /// The server's pid: its helpers are its children.
+    pid: u32,
+    client: Client,
+    /// Kept for as long as the server reads it.
+    _config: Option<tempfile::TempPath>,
+}
+
+impl Setup {
+    async fn start(config: Option<&str>) -> Option<Self> {
+        if !landlock_available() {
+            return None;
+        }
+        let tree = Tree::new();
+        let policy = default_policy(&tree);
+        let config = config.map(config_file);
+        let args: Vec<&str> = match &config {
+            Some(path) => vec!["--config", path.to_str().unwrap()],
+            None => Vec::new(),
+        };
+        let server = WsServer::start(&args).await;
+        let pid = server.child.id().unwrap();
+        let client = server.connect_initialized().await;
+        Some(Self {
+            tree,
+            policy,
+            server,
+            pid,
+            client,
+            _config: config,
+        })
+    }
+
+    /// Writes `data` to `T/allowed/<name>` under the default policy, which must succeed.
+    async fn write_allowed(&mut self, name: &str, data: &str) {
+        let path = self.tree.path(&format!("allowed/{name}"));
+        write(&mut self.client, &path, data, &self.policy)
+            .await
+            .unwrap();
+    }
+}
+
 /// The one helper the server runs right now.
 #[track_caller]
 fn only_helper(server: u32) -> u32 {
@@ -96,200 +143,147 @@ fn only_helper(server: u32) -> u32 {
 
 #[tokio::test]
 async fn one_sessions_requests_under_one_policy_are_served_by_one_confined_helper() {
-    if !landlock_available() {
+    let Some(mut setup) = Setup::start(None).await else {
         return;
-    }
-    let tree = Tree::new();
-    let policy = default_policy(&tree);
-    let mut server = WsServer::start(&[]).await;
-    let pid = server.child.id().unwrap();
-    let mut client = server.connect_initialized().await;
-
-    write(&mut client, &tree.path("allowed/a"), "one", &policy)
-        .await
-        .unwrap();
-    let helper = only_helper(pid);
+    };
+    setup.write_allowed("a", "one").await;
+    let helper = only_helper(setup.pid);
     for round in 0..5 {
-        let answer = read(&mut client, &tree.path("allowed/a"), &policy)
-            .await
-            .unwrap();
+        let Setup {
+            tree,
+            policy,
+            client,
+            ..
+        } = &mut setup;
+        let answer = read(client, &tree.path("allowed/a"), policy).await.unwrap();
         assert_eq!(b64decode(&answer["dataBase64"]), b"one");
         // The kept helper is as confined as the first request found it: the write
         // outside is refused by the kernel rules and the checks, and nothing is created.
         let outside = tree.path(&format!("outside/{round}"));
-        assert_denied(
-            &write(&mut client, &outside, "x", &policy)
-                .await
-                .unwrap_err(),
-        );
+        assert_denied(&write(client, &outside, "x", policy).await.unwrap_err());
         assert!(!tree.t.join(format!("outside/{round}")).exists());
-        assert_eq!(only_helper(pid), helper, "round {round}");
+        assert_eq!(only_helper(setup.pid), helper, "round {round}");
     }
-    server.child.kill().await.unwrap();
+    setup.server.child.kill().await.unwrap();
 }
 
 #[tokio::test]
 async fn sessions_and_policies_never_share_a_helper() {
-    if !landlock_available() {
+    let Some(mut setup) = Setup::start(None).await else {
         return;
-    }
-    let tree = Tree::new();
-    let writable = default_policy(&tree);
+    };
+    let pid = setup.pid;
     let read_only = managed(vec![root_read()]);
-    let mut server = WsServer::start(&[]).await;
-    let pid = server.child.id().unwrap();
-    let mut first = server.connect_initialized().await;
-    let mut second = server.connect_initialized().await;
+    let mut second = setup.server.connect_initialized().await;
 
-    write(&mut first, &tree.path("allowed/a"), "x", &writable)
-        .await
-        .unwrap();
+    setup.write_allowed("a", "x").await;
     let first_helper = only_helper(pid);
 
     // The same policy in another session: a helper of its own.
-    write(&mut second, &tree.path("allowed/b"), "y", &writable)
-        .await
-        .unwrap();
+    write(
+        &mut second,
+        &setup.tree.path("allowed/b"),
+        "y",
+        &setup.policy,
+    )
+    .await
+    .unwrap();
     let helpers = live_helpers(pid);
     assert_eq!(helpers.len(), 2, "{helpers:?}");
     let second_helper = *helpers.iter().find(|h| **h != first_helper).unwrap();
 
     // A narrower policy in the first session: a third helper, and the narrower rules hold
     // although a helper that may write there waits for the same session.
-    assert_denied(
-        &write(&mut first, &tree.path("allowed/c"), "z", &read_only)
-            .await
-            .unwrap_err(),
-    );
-    assert!(!tree.t.join("allowed/c").exists());
+    let target = setup.tree.path("allowed/c");
+    let narrower = write(&mut setup.client, &target, "z", &read_only).await;
+    assert_denied(&narrower.unwrap_err());
+    assert!(!setup.tree.t.join("allowed/c").exists());
     let helpers = live_helpers(pid);
     assert_eq!(helpers.len(), 3, "{helpers:?}");
     assert!(helpers.contains(&first_helper) && helpers.contains(&second_helper));
 
     // And back: the first session's writable helper is the one it had.
-    write(&mut first, &tree.path("allowed/d"), "w", &writable)
-        .await
-        .unwrap();
+    setup.write_allowed("d", "w").await;
     assert_eq!(live_helpers(pid).len(), 3);
-    server.child.kill().await.unwrap();
+    setup.server.child.kill().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_kept_helper_that_died_is_replaced_and_the_request_still_runs() {
-    if !landlock_available() {
+    let Some(mut setup) = Setup::start(None).await else {
         return;
-    }
-    let tree = Tree::new();
-    let policy = default_policy(&tree);
-    let mut server = WsServer::start(&[]).await;
-    let pid = server.child.id().unwrap();
-    let mut client = server.connect_initialized().await;
-    write(&mut client, &tree.path("allowed/a"), "x", &policy)
-        .await
-        .unwrap();
-    let helper = only_helper(pid);
+    };
+    setup.write_allowed("a", "x").await;
+    let helper = only_helper(setup.pid);
     // SAFETY: a plain signal to a process of this test's own server.
     assert_eq!(unsafe { libc::kill(helper as i32, libc::SIGKILL) }, 0);
     wait_until_dead(helper).await;
 
-    write(&mut client, &tree.path("allowed/b"), "y", &policy)
-        .await
-        .unwrap();
-    let replacement = only_helper(pid);
-    assert_ne!(replacement, helper);
-    assert_eq!(
-        std::fs::read_to_string(tree.t.join("allowed/b")).unwrap(),
-        "y"
-    );
-    server.child.kill().await.unwrap();
+    setup.write_allowed("b", "y").await;
+    assert_ne!(only_helper(setup.pid), helper);
+    let written = std::fs::read_to_string(setup.tree.t.join("allowed/b")).unwrap();
+    assert_eq!(written, "y");
+    setup.server.child.kill().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_kept_helper_ends_once_idle_for_fs_helper_idle_ms() {
-    if !landlock_available() {
+    let Some(mut setup) = Setup::start(Some("[sandbox]\nfs_helper_idle_ms = 300\n")).await else {
         return;
-    }
-    let tree = Tree::new();
-    let policy = default_policy(&tree);
-    let config = config_file("[sandbox]\nfs_helper_idle_ms = 300\n");
-    let mut server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
-    let pid = server.child.id().unwrap();
-    let mut client = server.connect_initialized().await;
-    write(&mut client, &tree.path("allowed/a"), "x", &policy)
-        .await
-        .unwrap();
-    let helper = only_helper(pid);
-    wait_for_helpers(pid, &[]).await;
+    };
+    setup.write_allowed("a", "x").await;
+    let helper = only_helper(setup.pid);
+    wait_for_helpers(setup.pid, &[]).await;
     // The next request gets a new one.
-    write(&mut client, &tree.path("allowed/b"), "y", &policy)
-        .await
-        .unwrap();
-    assert_ne!(only_helper(pid), helper);
-    server.child.kill().await.unwrap();
+    setup.write_allowed("b", "y").await;
+    assert_ne!(only_helper(setup.pid), helper);
+    setup.server.child.kill().await.unwrap();
 }
 
 #[tokio::test]
 async fn kept_helpers_end_with_their_session() {
-    if !landlock_available() {
-        return;
-    }
-    let tree = Tree::new();
-    let policy = default_policy(&tree);
     // Kept for an hour, but the session ends 100 ms after its connection closes.
-    let config =
-        config_file("[sandbox]\nfs_helper_idle_ms = 3600000\n[session]\ndetached_ttl_ms = 100\n");
-    let mut server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
-    let pid = server.child.id().unwrap();
-    let mut client = server.connect_initialized().await;
-    let mut other = server.connect_initialized().await;
-    write(&mut client, &tree.path("allowed/a"), "x", &policy)
-        .await
-        .unwrap();
-    let helper = only_helper(pid);
-    write(&mut other, &tree.path("allowed/b"), "y", &policy)
-        .await
-        .unwrap();
-    let others = live_helpers(pid)
+    let config = "[sandbox]\nfs_helper_idle_ms = 3600000\n[session]\ndetached_ttl_ms = 100\n";
+    let Some(mut setup) = Setup::start(Some(config)).await else {
+        return;
+    };
+    let mut other = setup.server.connect_initialized().await;
+    setup.write_allowed("a", "x").await;
+    let helper = only_helper(setup.pid);
+    write(
+        &mut other,
+        &setup.tree.path("allowed/b"),
+        "y",
+        &setup.policy,
+    )
+    .await
+    .unwrap();
+    let others = live_helpers(setup.pid)
         .into_iter()
         .filter(|h| *h != helper)
         .collect::<Vec<_>>();
     assert_eq!(others.len(), 1);
-    client.close().await;
+    setup.client.close().await;
     // Only the ended session's helper goes.
-    wait_for_helpers(pid, &others).await;
-    server.child.kill().await.unwrap();
+    wait_for_helpers(setup.pid, &others).await;
+    setup.server.child.kill().await.unwrap();
 }
 
 #[tokio::test]
 async fn with_an_idle_time_of_zero_every_request_has_its_own_helper() {
-    if !landlock_available() {
+    let Some(mut setup) = Setup::start(Some("[sandbox]\nfs_helper_idle_ms = 0\n")).await else {
         return;
-    }
-    let tree = Tree::new();
-    let policy = default_policy(&tree);
-    let config = config_file("[sandbox]\nfs_helper_idle_ms = 0\n");
-    let mut server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
-    let pid = server.child.id().unwrap();
-    let mut client = server.connect_initialized().await;
+    };
     for name in ["a", "b", "c"] {
-        write(
-            &mut client,
-            &tree.path(&format!("allowed/{name}")),
-            name,
-            &policy,
-        )
-        .await
-        .unwrap();
+        setup.write_allowed(name, name).await;
         // The helper was reaped before the answer was sent.
-        assert_eq!(live_helpers(pid), Vec::<u32>::new());
+        assert_eq!(live_helpers(setup.pid), Vec::<u32>::new());
     }
-    let denied = managed(vec![root_read(), entry(&tree.path("allowed/a"), "read")]);
-    assert_denied(
-        &write(&mut client, &tree.path("allowed/a"), "w", &denied)
-            .await
-            .unwrap_err(),
-    );
-    server.child.kill().await.unwrap();
+    let target = setup.tree.path("allowed/a");
+    let denied = managed(vec![root_read(), entry(&target, "read")]);
+    let refused = write(&mut setup.client, &target, "w", &denied).await;
+    assert_denied(&refused.unwrap_err());
+    setup.server.child.kill().await.unwrap();
 }
 
 #[tokio::test]

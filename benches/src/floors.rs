@@ -27,36 +27,56 @@ pub fn dispatch(args: &[String]) -> Option<i32> {
 }
 
 fn ws_echo() -> i32 {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        println!("ws://{}", listener.local_addr().expect("address"));
-        std::io::stdout().flush().expect("flush");
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = tcp.set_nodelay(true);
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
-                    return;
-                };
-                while let Some(Ok(message)) = ws.next().await {
-                    if matches!(message, Message::Text(_) | Message::Binary(_))
-                        && ws.send(message).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
+    serve_websockets(|mut ws| async move {
+        while let Some(Ok(message)) = ws.next().await {
+            if matches!(message, Message::Text(_) | Message::Binary(_))
+                && ws.send(message).await.is_err()
+            {
+                return;
+            }
         }
     })
 }
 
 fn ws_forward(upstream: String) -> i32 {
+    serve_websockets(move |downstream| {
+        let upstream = upstream.clone();
+        async move {
+            let Ok((upstream, _)) = tokio_tungstenite::connect_async(&upstream).await else {
+                return;
+            };
+            let (mut down_tx, mut down_rx) = downstream.split();
+            let (mut up_tx, mut up_rx) = upstream.split();
+            let forward = async {
+                while let Some(Ok(message)) = down_rx.next().await {
+                    if up_tx.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let back = async {
+                while let Some(Ok(message)) = up_rx.next().await {
+                    if down_tx.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                () = forward => {}
+                () = back => {}
+            }
+        }
+    })
+}
+
+/// Listens on `127.0.0.1:0`, prints its `ws://` line and runs `serve` on every WebSocket
+/// accepted, each in a task of its own, on a runtime like exec-server's.
+fn serve_websockets<F, Fut>(serve: F) -> i32
+where
+    F: Fn(tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let serve = std::sync::Arc::new(serve);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -70,33 +90,10 @@ fn ws_forward(upstream: String) -> i32 {
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            let upstream = upstream.clone();
+            let serve = std::sync::Arc::clone(&serve);
             tokio::spawn(async move {
-                let Ok(downstream) = tokio_tungstenite::accept_async(tcp).await else {
-                    return;
-                };
-                let Ok((upstream, _)) = tokio_tungstenite::connect_async(&upstream).await else {
-                    return;
-                };
-                let (mut down_tx, mut down_rx) = downstream.split();
-                let (mut up_tx, mut up_rx) = upstream.split();
-                let forward = async {
-                    while let Some(Ok(message)) = down_rx.next().await {
-                        if up_tx.send(message).await.is_err() {
-                            break;
-                        }
-                    }
-                };
-                let back = async {
-                    while let Some(Ok(message)) = up_rx.next().await {
-                        if down_tx.send(message).await.is_err() {
-                            break;
-                        }
-                    }
-                };
-                tokio::select! {
-                    () = forward => {}
-                    () = back => {}
+                if let Ok(ws) = tokio_tungstenite::accept_async(tcp).await {
+                    serve(ws).await;
                 }
             });
         }

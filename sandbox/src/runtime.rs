@@ -3,6 +3,7 @@
 //! fail-closed checks of §3.1/§6.1, and the fs helper runner.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use exec_server_core::config::{ConfigError, ConfigSource};
@@ -191,6 +192,15 @@ impl SandboxRuntime {
         self.fs_runner.forget_session(session);
     }
 
+    /// Makes the fs helpers kept for `session` end with it rather than when they would
+    /// have expired; every plugin that runs fs helpers for a session calls this first.
+    pub fn end_helpers_with(self: &Arc<Self>, session: &exec_server_core::Session) {
+        session.state(|| HelpersEndWithSession {
+            sandbox: Arc::clone(self),
+            session: session.id().to_owned(),
+        });
+    }
+
     pub fn config(&self) -> &SandboxConfig {
         &self.config
     }
@@ -297,6 +307,18 @@ impl SandboxRuntime {
     /// The fs helper runner (for inspection of its command).
     pub fn fs_runner(&self) -> &FsHelperRunner {
         &self.fs_runner
+    }
+}
+
+/// A session's hook that kills the fs helpers kept for it when it ends.
+struct HelpersEndWithSession {
+    sandbox: Arc<SandboxRuntime>,
+    session: String,
+}
+
+impl exec_server_core::SessionState for HelpersEndWithSession {
+    fn session_ended(&self) {
+        self.sandbox.forget_session(&self.session);
     }
 }
 

@@ -31,11 +31,14 @@ pub(crate) async fn handle(
     parse_path(&params.cwd).map_err(|e| e.into_rpc(&params.cwd))?;
     let source = match discovery.sandbox.decide_fs(params.sandbox.as_ref(), None)? {
         SandboxDecision::Unsandboxed => Source::Direct,
-        SandboxDecision::Enforce(policy) => Source::Confined {
-            runtime: &discovery.sandbox,
-            policy,
-            session: cx.session().id(),
-        },
+        SandboxDecision::Enforce(policy) => {
+            discovery.sandbox.end_helpers_with(cx.session());
+            Source::Confined {
+                runtime: &discovery.sandbox,
+                policy,
+                session: cx.session().id(),
+            }
+        }
     };
     let mut reader = Reader::new(&source, &discovery.config);
     let mut result = DiscoverV2Result::default();

@@ -37,6 +37,12 @@ pub(crate) async fn handle(
         let decision = discovery.sandbox.decide_fs(root.sandbox.as_ref(), None)?;
         prepared.push((root.id, path, decision));
     }
+    if prepared
+        .iter()
+        .any(|(_, _, decision)| decision.needs_enforcement())
+    {
+        discovery.sandbox.end_helpers_with(cx.session());
+    }
     let mut roots = Vec::new();
     for (id, path, decision) in prepared {
         roots.push(discover_root(&discovery, cx.session().id(), id, path, decision).await);

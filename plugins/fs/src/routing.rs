@@ -170,10 +170,7 @@ pub(crate) async fn execute<O: FsOperation>(
     match state.sandbox.decide_fs(sandbox, top_level_policy)? {
         SandboxDecision::Unsandboxed => operation.run_in_server(&state.pool, session).await,
         SandboxDecision::Enforce(policy) => {
-            session.state(|| HelpersEndWithSession {
-                sandbox: state.sandbox.clone(),
-                session: session.id().to_owned(),
-            });
+            state.sandbox.end_helpers_with(session);
             let params = to_wire(&operation.helper_params())?;
             let response = state
                 .sandbox
@@ -181,19 +178,6 @@ pub(crate) async fn execute<O: FsOperation>(
                 .await?;
             operation.output_from_wire(&response)
         }
-    }
-}
-
-/// Kills the fs helpers the sandbox keeps for a session when the session ends, rather
-/// than when they would have expired.
-struct HelpersEndWithSession {
-    sandbox: std::sync::Arc<SandboxRuntime>,
-    session: String,
-}
-
-impl exec_server_core::SessionState for HelpersEndWithSession {
-    fn session_ended(&self) {
-        self.sandbox.forget_session(&self.session);
     }
 }
 

@@ -54,6 +54,10 @@ pub struct FsHelperSettings {
 /// on its own: the server never hands a request to a helper that may be leaving.
 const IDLE_EXIT_MARGIN: Duration = Duration::from_secs(2);
 
+/// A helper whose request and answer together were larger is not kept: it may hold a heap
+/// of that size, and starting one costs little next to moving that many bytes.
+const KEEP_AFTER_BYTES_AT_MOST: usize = 1024 * 1024;
+
 /// Runs fs helpers, at most `max_concurrent` at a time and `per_session` for one session.
 #[derive(Debug, Clone)]
 pub struct FsHelperRunner {
@@ -241,7 +245,8 @@ impl FsHelperRunner {
                 Answer::Line(line) => {
                     return match parse_response(operation, &line) {
                         Ok(answer) => {
-                            if helper.has_nothing_more_to_say() {
+                            let small = request.len() + line.len() <= KEEP_AFTER_BYTES_AT_MOST;
+                            if small && helper.has_nothing_more_to_say() {
                                 self.idle.put(key, helper);
                             }
                             answer

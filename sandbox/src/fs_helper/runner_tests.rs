@@ -231,6 +231,15 @@ fn serving_script(dir: &Path, body: &str) -> PathBuf {
     )
 }
 
+/// A runner keeping helpers for a minute (two in all, one per session) whose helper is a
+/// [`serving_script`] running `body`, in a directory that lives as long as the runner.
+fn kept_script(body: &str) -> (tempfile::TempDir, FsHelperRunner) {
+    let dir = tempfile::tempdir().unwrap();
+    let program = serving_script(dir.path(), body);
+    let runner = kept_runner(&program, 2, 1);
+    (dir, runner)
+}
+
 fn starts(dir: &Path) -> usize {
     std::fs::read_to_string(dir.join("starts"))
         .map(|text| text.lines().count())
@@ -265,12 +274,9 @@ fn other_policy() -> SandboxPolicy {
 
 #[tokio::test]
 async fn a_serving_helper_answers_its_sessions_requests_one_line_each() {
-    let dir = tempfile::tempdir().unwrap();
-    let program = serving_script(
-        dir.path(),
-        &format!("while read -r request; do echo '{EMPTY_READ}'; done"),
-    );
-    let runner = kept_runner(&program, 2, 1);
+    let (dir, runner) = kept_script(&format!(
+        "while read -r request; do echo '{EMPTY_READ}'; done"
+    ));
     for _ in 0..3 {
         let answer = read_in(&runner, "session", &policy()).await.unwrap();
         assert_eq!(answer.get(), r#"{"dataBase64":""}"#);
@@ -295,10 +301,8 @@ async fn the_serving_command_is_the_one_request_command_with_serve() {
 
 #[tokio::test]
 async fn a_kept_helper_that_left_between_requests_is_replaced_without_losing_the_request() {
-    let dir = tempfile::tempdir().unwrap();
     // Answers one request, then exits 0 as a serving helper does between requests.
-    let program = serving_script(dir.path(), &format!("read -r request; echo '{EMPTY_READ}'"));
-    let runner = kept_runner(&program, 2, 1);
+    let (dir, runner) = kept_script(&format!("read -r request; echo '{EMPTY_READ}'"));
     for _ in 0..3 {
         let answer = read_in(&runner, "session", &policy()).await.unwrap();
         assert_eq!(answer.get(), r#"{"dataBase64":""}"#);
@@ -308,12 +312,7 @@ async fn a_kept_helper_that_left_between_requests_is_replaced_without_losing_the
 
 #[tokio::test]
 async fn a_helper_that_breaks_the_protocol_is_never_asked_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let program = serving_script(
-        dir.path(),
-        "while read -r request; do echo 'not json'; done",
-    );
-    let runner = kept_runner(&program, 2, 1);
+    let (dir, runner) = kept_script("while read -r request; do echo 'not json'; done");
     for _ in 0..2 {
         let error = read_in(&runner, "session", &policy()).await.unwrap_err();
         assert!(
@@ -330,13 +329,10 @@ async fn a_helper_that_breaks_the_protocol_is_never_asked_again() {
 
 #[tokio::test]
 async fn a_kept_helper_that_fails_mid_request_is_reported_not_retried() {
-    let dir = tempfile::tempdir().unwrap();
     // The second request makes it fail after reading it.
-    let program = serving_script(
-        dir.path(),
-        &format!("read -r request; echo '{EMPTY_READ}'\nread -r request; echo broken >&2; exit 1"),
-    );
-    let runner = kept_runner(&program, 2, 1);
+    let (dir, runner) = kept_script(&format!(
+        "read -r request; echo '{EMPTY_READ}'\nread -r request; echo broken >&2; exit 1"
+    ));
     read_in(&runner, "session", &policy()).await.unwrap();
     let error = read_in(&runner, "session", &policy()).await.unwrap_err();
     assert_eq!(
@@ -362,13 +358,10 @@ async fn a_kept_helper_that_hangs_is_killed_at_the_time_out() {
 
 #[tokio::test]
 async fn kept_helpers_are_bounded_per_session_and_in_all() {
-    let dir = tempfile::tempdir().unwrap();
-    let program = serving_script(
-        dir.path(),
-        &format!("while read -r request; do echo '{EMPTY_READ}'; done"),
-    );
     // Two in all, one per session.
-    let runner = kept_runner(&program, 2, 1);
+    let (dir, runner) = kept_script(&format!(
+        "while read -r request; do echo '{EMPTY_READ}'; done"
+    ));
     read_in(&runner, "a", &policy()).await.unwrap();
     read_in(&runner, "a", &other_policy()).await.unwrap();
     assert_eq!(runner.idle.len(), 1, "one per session");
@@ -381,4 +374,28 @@ async fn kept_helpers_are_bounded_per_session_and_in_all() {
     assert_eq!(starts(dir.path()), before);
     read_in(&runner, "a", &other_policy()).await.unwrap();
     assert_eq!(starts(dir.path()), before + 1);
+}
+
+#[tokio::test]
+async fn a_helper_that_moved_a_large_answer_is_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every answer carries a little over a mebibyte of base64.
+    let program = serving_script(
+        dir.path(),
+        r#"big=$(head -c 800000 /dev/zero | base64 -w0)
+while read -r request; do
+  printf '{"status":"ok","payload":{"operation":"fs/readFile","response":{"dataBase64":"%s"}}}\n' "$big"
+done"#,
+    );
+    let runner = runner_with(&program, 5000, Some(Duration::from_secs(60)), 2, 1);
+    let settings = FsHelperSettings {
+        max_response_bytes: 4 * 1024 * 1024,
+        ..runner.settings().clone()
+    };
+    let runner = FsHelperRunner::new(settings, 2, 1);
+    for _ in 0..2 {
+        read_in(&runner, "session", &policy()).await.unwrap();
+    }
+    assert_eq!(starts(dir.path()), 2);
+    assert_eq!(runner.idle.len(), 0);
 }
