@@ -16,6 +16,8 @@
 //! * [`fair_slots`] — bounded slots for expensive work (blocking file operations, helper
 //!   processes), shared round-robin by session.
 //! * [`worker_threads`] — threads for blocking work that never outnumber its slots.
+//! * `memory_trim`, `worker_caches` — memory given back to the system once connections
+//!   are gone.
 //! * [`helpers`] — hidden helper entry points dispatched from `main` by argv\[1\].
 //! * [`hygiene`] — process hardening run first thing: non-dumpable, secrets out of the
 //!   environment, descriptor limit raised.
@@ -37,6 +39,8 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod transport;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod worker_caches;
 pub mod worker_threads;
 
 pub use async_trait::async_trait;

@@ -6,7 +6,10 @@
 //! the last connection closes or a session ends with no connection open, or after every
 //! [`TRIM_EVERY_CLOSES`] closes, the allocator is asked to return what it holds free
 //! (`malloc_trim`) — once for a whole burst ([`TRIM_DELAY`]), on a blocking thread because
-//! a large heap takes milliseconds to walk.
+//! a large heap takes milliseconds to walk. After a burst, once no connection is open, the
+//! worker threads' allocator caches are emptied first ([`crate::worker_caches`]): the
+//! chunks they hold are spread over the whole heap and would keep their pages from being
+//! released.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,6 +18,11 @@ use std::time::Duration;
 const TRIM_EVERY_CLOSES: usize = 1_024;
 /// How long a trim waits, so that a burst of closes or expiries is trimmed once.
 const TRIM_DELAY: Duration = Duration::from_millis(100);
+/// Closes and session ends since the last trim that make a burst, after which the worker
+/// threads' caches are worth emptying. After a few the heap is small, its pages mostly
+/// in use anyway, and refilling the emptied caches would only grow each worker's heap by
+/// the size of a cache (about 240 KiB).
+const BURST_CLOSES: usize = 64;
 
 static OPEN: AtomicUsize = AtomicUsize::new(0);
 static CLOSED_SINCE_TRIM: AtomicUsize = AtomicUsize::new(0);
@@ -62,9 +70,13 @@ fn schedule_trim() {
     };
     runtime.spawn(async {
         tokio::time::sleep(TRIM_DELAY).await;
-        let trimmed = tokio::task::spawn_blocking(|| {
-            CLOSED_SINCE_TRIM.store(0, Ordering::Relaxed);
-            release_free_memory();
+        let runtime = tokio::runtime::Handle::current();
+        let trimmed = tokio::task::spawn_blocking(move || {
+            let released = CLOSED_SINCE_TRIM.swap(0, Ordering::Relaxed);
+            // Emptying the caches holds every worker thread for a moment: only while no
+            // connection could be waiting for one.
+            let empty_caches = released >= BURST_CLOSES && OPEN.load(Ordering::Relaxed) == 0;
+            release_free_memory(&runtime, empty_caches);
         });
         let _ = trimmed.await;
         TRIMMING.store(false, Ordering::Release);
@@ -73,10 +85,16 @@ fn schedule_trim() {
 
 /// Returns the allocator's free pages to the system (glibc); other C libraries have no
 /// such call and keep their own policy.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_free_memory(runtime: &tokio::runtime::Handle, empty_caches: bool) {
+    if empty_caches {
+        crate::worker_caches::empty_worker_caches(runtime);
+    }
     // SAFETY: malloc_trim only walks and releases the allocator's own free memory.
     unsafe {
         libc::malloc_trim(0);
     }
 }
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_memory(_runtime: &tokio::runtime::Handle, _empty_caches: bool) {}

@@ -256,7 +256,11 @@ impl SessionRegistry {
                 self.detached.dec();
             }
         }
-        self.lock().remove(&session.id);
+        {
+            let mut sessions = self.lock();
+            sessions.remove(&session.id);
+            shrink_when_sparse(&mut sessions);
+        }
         session.extensions.end_all();
         crate::memory_trim::session_ended();
     }
@@ -279,8 +283,29 @@ impl SessionRegistry {
         self.len() == 0
     }
 
+    /// How many sessions the registry has room for without growing.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.lock().capacity()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
         self.sessions.lock().expect("session registry lock")
+    }
+}
+
+/// Below this capacity the session map is never shrunk: a few KiB, not worth a rehash.
+const MIN_SHRUNK_CAPACITY: usize = 64;
+
+/// Gives back the session map's room once it is mostly empty: the table grows with the
+/// peak number of sessions and a hash map never shrinks by itself, so after 10,000
+/// sessions ended it would keep half a megabyte that `malloc_trim` cannot release. It is
+/// shrunk to twice what it holds when under a quarter full, so a mass close costs a few
+/// rehashes of shrinking tables, and a steady count never rehashes.
+fn shrink_when_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    let capacity = map.capacity();
+    if capacity > MIN_SHRUNK_CAPACITY && map.len() < capacity / 4 {
+        map.shrink_to((map.len() * 2).max(MIN_SHRUNK_CAPACITY));
     }
 }
 
@@ -333,6 +358,37 @@ mod tests {
             format!("unknown session id {id}")
         );
         assert!(registry.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_session_map_gives_back_its_room_after_a_mass_close() {
+        let registry = SessionRegistry::new(Duration::from_secs(30));
+        let mut sessions = Vec::new();
+        let mut queues = Vec::new();
+        for _ in 0..2_000 {
+            let (out, rx) = outbound();
+            sessions.push(registry.create(out).0);
+            queues.push(rx);
+        }
+        let peak = registry.capacity();
+        assert!(peak >= 2_000, "{peak}");
+        // The survivors stay reachable through every shrink.
+        let kept: Vec<Arc<Session>> = sessions.split_off(1_990);
+        for session in &sessions {
+            registry.end(session);
+        }
+        assert_eq!(registry.len(), kept.len());
+        assert!(
+            registry.capacity() <= MIN_SHRUNK_CAPACITY * 2,
+            "{}",
+            registry.capacity()
+        );
+        for session in &kept {
+            let (out, _rx) = outbound();
+            registry.detach(session, 1);
+            let (resumed, _) = registry.resume(session.id(), out).unwrap();
+            assert!(Arc::ptr_eq(&resumed, session));
+        }
     }
 
     #[tokio::test]
