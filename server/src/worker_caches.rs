@@ -28,9 +28,10 @@ const CACHED_SIZES: usize = 64;
 const SMALLEST_REQUEST: usize = 24;
 const SIZE_STEP: usize = 16;
 
-/// How long the workers are waited for. They are idle when this runs, so they arrive in
-/// microseconds; a worker busy longer than this keeps its cache until the next time.
-const GATHER_WAIT: Duration = Duration::from_millis(50);
+/// How long the workers are waited for, and so the longest a worker is held. They are
+/// idle when this runs, so they arrive in microseconds; a worker busy longer than this
+/// keeps its cache until the next time rather than hold another worker up.
+const GATHER_WAIT: Duration = Duration::from_millis(5);
 
 /// Empties the cache of every worker thread of `runtime` into the heap. Runs on a thread
 /// outside the runtime's workers (a blocking-pool thread), since it waits for them. Returns
