@@ -140,24 +140,26 @@ impl Gathering {
         }
         take_cached_chunks(&mut state.chunks);
         self.changed.notify_all();
-        while state.arrived.len() < self.workers && !state.closed {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
+        drop(self.wait_until(state, deadline, |s| s.closed));
     }
 
     /// Waits for every worker until `deadline`, then closes the meeting: the chunks taken
     /// and how many workers arrived.
     fn close(&self, deadline: Instant) -> (Vec<CachedChunk>, usize) {
-        let mut state = self.lock();
-        while state.arrived.len() < self.workers {
+        let mut state = self.wait_until(self.lock(), deadline, |_| false);
+        state.closed = true;
+        self.changed.notify_all();
+        (std::mem::take(&mut state.chunks), state.arrived.len())
+    }
+
+    /// Waits until every worker has arrived, `also` holds, or `deadline` passed.
+    fn wait_until<'a>(
+        &self,
+        mut state: MutexGuard<'a, GatheringState>,
+        deadline: Instant,
+        also: impl Fn(&GatheringState) -> bool,
+    ) -> MutexGuard<'a, GatheringState> {
+        while state.arrived.len() < self.workers && !also(&state) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -168,9 +170,7 @@ impl Gathering {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        state.closed = true;
-        self.changed.notify_all();
-        (std::mem::take(&mut state.chunks), state.arrived.len())
+        state
     }
 
     fn lock(&self) -> MutexGuard<'_, GatheringState> {
