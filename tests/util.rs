@@ -347,7 +347,8 @@ impl Client {
         self.extensions = extensions.iter().map(|e| e.to_string()).collect();
     }
 
-    fn initialize_params(&self, resume: Option<&str>) -> Value {
+    /// The `initialize` params this client sends (its extensions, a session to resume).
+    pub fn initialize_params(&self, resume: Option<&str>) -> Value {
         let mut params = json!({"clientName": "tests"});
         if let Some(session_id) = resume {
             params["resumeSessionId"] = json!(session_id);

@@ -185,6 +185,13 @@ impl Default for DispatchTable {
 #[serde(default, deny_unknown_fields)]
 pub struct ConnectionTable {
     pub outbound_queue_messages: usize,
+    /// Bytes of encoded messages the outbound queue holds for one peer, including the
+    /// bytes that running requests have reserved for their answers (a message larger than
+    /// this is admitted alone, once the queue is empty). At most `u32::MAX`.
+    pub outbound_queue_bytes: usize,
+    /// A peer whose transport has accepted none of the data waiting for it for this long
+    /// is disconnected and what the server held for it is freed.
+    pub stalled_peer_timeout_ms: u64,
     /// After a stdio peer's end of input: how long requests already received may take to
     /// be answered and running processes to finish before the server exits.
     pub stdio_drain_ms: u64,
@@ -194,6 +201,8 @@ impl Default for ConnectionTable {
     fn default() -> Self {
         Self {
             outbound_queue_messages: 128,
+            outbound_queue_bytes: 16 * 1024 * 1024,
+            stalled_peer_timeout_ms: 30_000,
             stdio_drain_ms: 5_000,
         }
     }
@@ -292,11 +301,28 @@ impl CoreConfig {
         )?;
         source.require_positive(
             "connection",
-            &[(
-                "outbound_queue_messages",
-                config.connection.outbound_queue_messages as u64,
-            )],
+            &[
+                (
+                    "outbound_queue_messages",
+                    config.connection.outbound_queue_messages as u64,
+                ),
+                (
+                    "outbound_queue_bytes",
+                    config.connection.outbound_queue_bytes as u64,
+                ),
+                (
+                    "stalled_peer_timeout_ms",
+                    config.connection.stalled_peer_timeout_ms,
+                ),
+            ],
         )?;
+        // The budget is counted in semaphore permits, taken at most `u32::MAX` at a time.
+        if u32::try_from(config.connection.outbound_queue_bytes).is_err() {
+            return Err(source.invalid(
+                "connection.outbound_queue_bytes",
+                format!("must be at most {}", u32::MAX),
+            ));
+        }
         source.require_positive(
             "session",
             &[("detached_ttl_ms", config.session.detached_ttl_ms)],
@@ -394,6 +420,8 @@ mod tests {
         assert_eq!(c.dispatch.max_in_flight, 64);
         assert_eq!(c.dispatch.max_waiting_reads, 1024);
         assert_eq!(c.connection.outbound_queue_messages, 128);
+        assert_eq!(c.connection.outbound_queue_bytes, 16 * 1024 * 1024);
+        assert_eq!(c.connection.stalled_peer_timeout_ms, 30_000);
         assert_eq!(c.session.detached_ttl_ms, 30_000);
     }
 

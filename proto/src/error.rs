@@ -244,6 +244,16 @@ impl RpcError {
         Self::invalid_params(format!("invalid path `{value}`: {reason}"))
     }
 
+    /// A path spelled as text whose directory also holds a name that is not UTF-8 and
+    /// reads the same (docs/SECURITY.md, "Name fidelity"): acting on it could act on the
+    /// other file, the one a lossy listing showed.
+    pub fn ambiguous_path(path: &str) -> Self {
+        Self::invalid_params(format!(
+            "ambiguous path {path}: a name that is not UTF-8 reads the same; \
+             address it by its file: URI"
+        ))
+    }
+
     /// A well-formed `file:` URI of another OS's convention (§5.1).
     pub fn foreign_os_uri(uri: &str) -> Self {
         Self::invalid_request(foreign_os_reason(uri))
@@ -327,11 +337,12 @@ impl RpcError {
         ))
     }
 
-    /// A request that would leave the server fewer free descriptors than its reserve
-    /// (fair share): names what was refused, the reserve, the limit, and the key.
-    pub fn descriptor_reserve(what: &str, reserve: u64, limit: u64, key: &str) -> Self {
+    /// A charge the descriptor budget refused (fair share): names what was refused, the
+    /// limit that refused it (the session's maximum, or the guarantee every other session
+    /// keeps) and the key that sets it.
+    pub fn descriptor_budget(what: &str, limit: u64, key: &str) -> Self {
         Self::invalid_request(format!(
-            "too few file descriptors left: {what} must leave {reserve} of {limit} free ({key})"
+            "descriptor budget reached: {what} does not fit within {limit} file descriptors ({key})"
         ))
     }
 

@@ -2,8 +2,13 @@
 //! [`crate::path::parse_path`] turns them into host paths, because each member answers a
 //! bad path with its own error.
 
+use std::ffi::OsStr;
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::path::to_file_uri;
 
 pub const READ_FILE: &str = "fs/readFile";
 pub const WRITE_FILE: &str = "fs/writeFile";
@@ -128,9 +133,36 @@ pub struct ReadDirectoryParams {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DirectoryEntry {
+    /// The name, lossy UTF-8 as codex sends it: U+FFFD for bytes that are not UTF-8.
     pub file_name: String,
     pub is_directory: bool,
     pub is_file: bool,
+    /// `Some(false)` when `file_name` is lossy; absent when it is the exact name, so an
+    /// entry codex could send is exactly what codex sends (docs/PROTOCOL.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_is_exact: Option<bool>,
+    /// With `name_is_exact: false`: the entry's byte-exact `file:` URI, usable as the
+    /// `path` of any `fs/*` method.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+}
+
+impl DirectoryEntry {
+    /// The entry `name` of `directory` (an absolute path that means the same as a `file:`
+    /// URI, i.e. without `..`): a name that is not UTF-8 is marked and given its URI.
+    pub fn new(directory: &Path, name: &OsStr, is_directory: bool, is_file: bool) -> Self {
+        let (name_is_exact, uri) = match name.to_str() {
+            Some(_) => (None, None),
+            None => (Some(false), Some(to_file_uri(&directory.join(name)))),
+        };
+        Self {
+            file_name: name.to_string_lossy().into_owned(),
+            is_directory,
+            is_file,
+            name_is_exact,
+            uri,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -325,6 +325,9 @@ impl Confinement<'_> {
         } else {
             MountNamespace::Shared
         };
+        if self.namespaces.contains(Namespace::Mount) {
+            narrow::mount_minimal_dev().map_err(|e| Failure::Setup(RpcError::spawn_failed(e)))?;
+        }
         let narrowing = narrow::apply(
             self.policy,
             self.request.narrowing,
@@ -332,6 +335,7 @@ impl Confinement<'_> {
             mount_namespace,
         )
         .map_err(|_| unenforceable())?;
+        reenter_working_directory().map_err(|e| Failure::Setup(RpcError::spawn_failed(e)))?;
         let applied = enforce::apply(
             self.policy,
             HelperKind::Launcher,
@@ -349,6 +353,22 @@ impl Confinement<'_> {
             capabilities_dropped: applied.capabilities_dropped,
         })
     }
+}
+
+/// Resolves the working directory again, through the mounts narrowing just made.
+///
+/// The keeper entered it before the launcher ran, so the descriptor behind it still points
+/// at the directory as it was: inside a denied directory that is now covered, or on a
+/// carve-out that is now read-only, relative paths and `/proc/self/cwd` would reach the
+/// real files. Changing to the same path again lands on what the mounts show there (an
+/// empty `tmpfs`, a read-only bind), or fails the start if it no longer exists.
+fn reenter_working_directory() -> io::Result<()> {
+    let cwd = std::env::current_dir()?;
+    if !cwd.is_absolute() {
+        // getcwd's "(unreachable)" form: the directory is outside our root.
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    std::env::set_current_dir(&cwd)
 }
 
 fn signal_mask(how: libc::c_int, fill: bool) {

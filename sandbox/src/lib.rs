@@ -11,9 +11,11 @@
 //! * [`fs_helper`] — the fs helper: protocol, helper `main`, and the server-side runner.
 //! * [`exec`] — the sandbox launcher of `process/start` and its control socket.
 //! * [`narrow`] — mount narrowing of carve-outs and deny entries for processes.
+//! * [`placeholders`] — missing carve-outs held as empty directories while processes run.
 //! * [`denial`] — the `sandboxDenied` classifier of process exits.
 //! * [`runtime`] — what the `fs` and `process` plugins use to serve sandboxed requests.
 //! * [`helpers`] — hidden-helper registration and the launcher's entry point.
+//! * [`lookalikes`] — paths a lossy listing could have made from another file's name.
 
 pub mod anchored;
 pub mod config;
@@ -22,7 +24,9 @@ pub mod enforce;
 pub mod exec;
 pub mod fs_helper;
 pub mod helpers;
+pub mod lookalikes;
 pub mod narrow;
+pub mod placeholders;
 pub mod policy;
 pub mod runtime;
 

@@ -44,6 +44,11 @@ pub struct NarrowingFailed(pub String);
 /// What to mount, computed before any namespace exists.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plan {
+    /// Directories between a writable root and a carve-out below it (the roots included),
+    /// shallowest first: each is bind-mounted onto itself, and a mount point cannot be
+    /// renamed or removed. Otherwise renaming one away and making the path again would
+    /// give the process a fresh, unprotected `.git` where the carve-out was.
+    pub pinned: Vec<PathBuf>,
     /// Existing carve-outs, shallowest first.
     pub read_only: Vec<PathBuf>,
     /// Writable roots inside a carve-out, re-opened after it.
@@ -90,10 +95,24 @@ pub(crate) fn plan(policy: &SandboxPolicy) -> Result<Plan, NarrowingFailed> {
     sort_shallowest_first(&mut denied);
     denied.dedup();
     Ok(Plan {
+        pinned: pinned(&read_only, &policy.writable),
         read_only,
         reopen,
         denied,
     })
+}
+
+/// Every directory from a writable root down to the parent of a carve-out below it.
+fn pinned(carve_outs: &[PathBuf], writable: &[PathBuf]) -> Vec<PathBuf> {
+    let mut pinned: Vec<PathBuf> = carve_outs
+        .iter()
+        .flat_map(|carve_out| carve_out.ancestors().skip(1))
+        .filter(|dir| writable.iter().any(|w| dir.starts_with(w)))
+        .map(Path::to_path_buf)
+        .collect();
+    sort_shallowest_first(&mut pinned);
+    pinned.dedup();
+    pinned
 }
 
 fn sort_shallowest_first(paths: &mut [PathBuf]) {
@@ -183,9 +202,20 @@ pub fn apply(
 }
 
 fn mount_plan(plan: &Plan, namespace: MountNamespace) -> io::Result<()> {
+    // A mount on `/` itself would not move the process's root, which was taken before it:
+    // absolute paths would still walk the unnarrowed tree.
+    let on_root = |p: &PathBuf| p.parent().is_none();
+    if plan.read_only.iter().chain(&plan.denied).any(on_root) {
+        return Err(io::Error::other(
+            "the root directory itself cannot be narrowed",
+        ));
+    }
     if namespace == MountNamespace::Shared {
         enter_namespace()?;
         make_root_private()?;
+    }
+    for path in &plan.pinned {
+        bind(path, path)?;
     }
     for path in &plan.read_only {
         bind(path, path)?;
@@ -231,6 +261,95 @@ fn enter_namespace() -> io::Result<()> {
     std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
     Ok(())
+}
+
+/// Set once this process has a `/dev` (and so a `/dev/shm`) of its own.
+static PRIVATE_DEV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The host devices a sandboxed process keeps: what programs open by name.
+const KEPT_DEVICES: [&str; 7] = ["null", "zero", "full", "random", "urandom", "tty", "ptmx"];
+
+/// Replaces `/dev` (in the launcher's own mount namespace) with a `tmpfs` holding only the
+/// harmless devices, the process's own terminal under `pts/`, an empty `shm/` and the usual
+/// links. Under "read everything" Landlock would otherwise let the process open whatever
+/// the host's `/dev` holds that its user may open: other sessions' terminals (reading one
+/// steals its input), a root server's raw disks and consoles, the host's shared memory.
+pub fn mount_minimal_dev() -> io::Result<()> {
+    // The host's nodes are reached through descriptors once the new `/dev` covers them.
+    let kept: Vec<(&str, std::fs::File)> = KEPT_DEVICES
+        .iter()
+        .filter_map(|name| Some((*name, open_path(&Path::new("/dev").join(name)).ok()?)))
+        .collect();
+    // By its path in this mount namespace: a bind mount's source must be a mount of the
+    // caller's namespace, and standard input was opened in the server's.
+    let own_terminal = own_terminal_name().and_then(|name| {
+        let node = open_path(&Path::new("/dev/pts").join(&name)).ok()?;
+        Some((name, node))
+    });
+    mount(
+        Some(Path::new("tmpfs")),
+        Path::new("/dev"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=755,size=64k"),
+    )?;
+    for (name, file) in &kept {
+        bind_node(&Path::new("/dev").join(name), &fd_path(file))?;
+    }
+    std::fs::create_dir(Path::new("/dev/pts"))?;
+    if let Some((name, node)) = &own_terminal {
+        // Where `ttyname` looks for the terminal on standard input.
+        bind_node(&Path::new("/dev/pts").join(name), &fd_path(node))?;
+    }
+    std::fs::create_dir(Path::new("/dev/shm"))?;
+    std::fs::set_permissions(
+        "/dev/shm",
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )?;
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, Path::new("/dev").join(link))?;
+    }
+    PRIVATE_DEV.store(true, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
+/// Whether [`mount_minimal_dev`] succeeded in this process: its `/dev/shm` is its own.
+pub fn has_private_shm() -> bool {
+    PRIVATE_DEV.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// The name under `/dev/pts` of the terminal on standard input, if it is one.
+pub fn own_terminal_name() -> Option<std::ffi::OsString> {
+    let path = std::fs::read_link("/proc/self/fd/0").ok()?;
+    let name = path.strip_prefix("/dev/pts/").ok()?;
+    let digits = name
+        .to_str()
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    digits.then(|| name.as_os_str().to_owned())
+}
+
+fn open_path(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+fn fd_path(file: &std::fs::File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// An empty file at `target`, with the node behind `source` bind-mounted on it.
+fn bind_node(target: &Path, source: &Path) -> io::Result<()> {
+    std::fs::File::create(target)?;
+    mount(Some(source), target, None, libc::MS_BIND, None)
 }
 
 /// Makes every mount below `/` private, so that what this namespace mounts never
@@ -360,6 +479,7 @@ mod tests {
         };
         let plan = plan(&policy).unwrap();
         assert_eq!(plan.read_only, vec![t.join("w/.git")]);
+        assert_eq!(plan.pinned, vec![t.join("w")]);
         assert_eq!(plan.reopen, vec![t.join("w/.git/sub")]);
         assert_eq!(plan.denied, vec![t.join("w/key.pem"), t.join("w/secret")]);
     }

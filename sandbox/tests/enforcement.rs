@@ -99,6 +99,22 @@ fn probe(policy: &str, t: &Path) {
         let mut pair = [0; 2];
         let rc = libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr());
         record("socketpair_unix", json!(errno_of(rc as i64)));
+        // Datagram sockets can send to any bound path with `sendmsg`: none may be made.
+        for (name, kind) in [
+            ("dgram", libc::SOCK_DGRAM),
+            ("raw", libc::SOCK_RAW),
+            ("dgram_cloexec", libc::SOCK_DGRAM | libc::SOCK_CLOEXEC),
+        ] {
+            let rc = libc::socket(libc::AF_UNIX, kind, 0);
+            record(&format!("socket_unix_{name}"), json!(errno_of(rc as i64)));
+            let rc = libc::socketpair(libc::AF_UNIX, kind, 0, pair.as_mut_ptr());
+            record(
+                &format!("socketpair_unix_{name}"),
+                json!(errno_of(rc as i64)),
+            );
+        }
+        let rc = libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, pair.as_mut_ptr());
+        record("socketpair_unix_seqpacket", json!(errno_of(rc as i64)));
         record(
             "ptrace",
             json!(errno_of(libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0))),
@@ -296,6 +312,11 @@ fn check_probes() {
     expect("socket_unix", &[0]);
     expect("connect_unix", &[libc::EPERM]);
     expect("socketpair_unix", &[0]);
+    expect("socketpair_unix_seqpacket", &[0]);
+    for kind in ["dgram", "raw", "dgram_cloexec"] {
+        expect(&format!("socket_unix_{kind}"), &[libc::EPERM]);
+        expect(&format!("socketpair_unix_{kind}"), &[libc::EPERM]);
+    }
     for name in [
         "ptrace",
         "io_uring_setup",

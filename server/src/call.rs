@@ -9,6 +9,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::extensions::Extensions;
+use crate::outbound::{Outbound, ResponseRoom};
 use crate::session::Session;
 
 /// State shared by every request of one connection.
@@ -36,6 +37,11 @@ pub struct Call {
     pub(crate) in_flight: Option<OwnedSemaphorePermit>,
     /// The extensions this connection opted in to at `initialize`.
     pub(crate) extensions: Arc<[String]>,
+    /// The connection's queue, whose byte budget [`Call::reserve_response_bytes`] draws on.
+    pub(crate) outbound: Outbound,
+    /// The bytes reserved for this request's answer; the connection hands them to the
+    /// queue with the answer, or frees them when the request is abandoned.
+    pub(crate) response_room: Arc<ResponseRoom>,
 }
 
 /// Held while a request waits without counting against `dispatch.max_in_flight`.
@@ -101,6 +107,23 @@ impl Call {
     /// A handle that resolves once this request's response is queued.
     pub fn response_queued(&self) -> ResponseQueued {
         ResponseQueued(self.response_queued.clone())
+    }
+
+    /// Reserves about `bytes` of the connection's outbound byte budget
+    /// (`connection.outbound_queue_bytes`) for the answer this request is about to make,
+    /// waiting until they are free. A handler whose answer is large calls it once the size
+    /// is known and before it reads the data, so a peer that does not read its answers
+    /// makes requests wait here, holding nothing, instead of each holding its whole answer
+    /// (SECURITY.md, "bytes held for a peer"). The bytes stay reserved until the answer is
+    /// written to the transport, or the request is abandoned; calling it again replaces
+    /// the reservation by one for the sum. An answer above the whole budget waits for the
+    /// queue to be empty. `false`: the connection is gone.
+    pub async fn reserve_response_bytes(&self, bytes: usize) -> bool {
+        /// `{"id":…,"result":…}` around the result.
+        const ENVELOPE: usize = 64;
+        self.outbound
+            .reserve(&self.response_room, bytes.saturating_add(ENVELOPE))
+            .await
     }
 
     /// Stops counting this request against `dispatch.max_in_flight` while it waits.

@@ -28,7 +28,7 @@ use tracing::Instrument;
 use crate::call::{Call, ConnectionShared};
 use crate::extensions::Extensions;
 use crate::metrics;
-use crate::outbound::Outbound;
+use crate::outbound::{Outbound, ResponseRoom};
 use crate::plugin::{decode_params, encode_result as encode_value};
 use crate::server::ServerContext;
 use crate::session::Session;
@@ -102,7 +102,13 @@ pub async fn serve_connection<S>(
         tasks: JoinSet::new(),
     };
     tracing::debug!(transport = processor.info.transport, "connection opened");
-    processor.run(inbound).await;
+    // A peer that stopped reading is dropped wherever the processor waits; `finish` then
+    // aborts its requests, freeing what they held or reserved, and detaches its session.
+    let stalled = processor.outbound.clone();
+    tokio::select! {
+        () = processor.run(inbound) => {}
+        () = stalled.peer_stalled() => {}
+    }
     processor.finish();
     active.dec();
 }
@@ -133,7 +139,7 @@ impl Processor {
             let next = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                next = inbound.next() => next,
+                next = self.next_when_room(&mut inbound) => next,
             };
             let Some(frame) = next else {
                 if let Some(window) = self.info.drain_on_end {
@@ -154,6 +160,19 @@ impl Processor {
                 break;
             }
         }
+    }
+
+    /// The next message, read only once the outbound queue has room under its byte
+    /// budget: a peer that does not take its answers is paused at the source instead of
+    /// having more work done for it. `None` also when the queue is gone.
+    async fn next_when_room<S: Stream<Item = Inbound> + Unpin>(
+        &self,
+        inbound: &mut S,
+    ) -> Option<Inbound> {
+        if !self.outbound.wait_for_room().await {
+            return None;
+        }
+        inbound.next().await
     }
 
     /// The peer's input ended: answer the requests already received and let the session's
@@ -260,7 +279,7 @@ impl Processor {
             return self.reply(&id, result).await;
         }
         let Some(route) = self.server.router.get(&method) else {
-            tracing::debug!(%method, %id, "unknown method");
+            tracing::debug!(?method, %id, "unknown method");
             self.server.unknown_method_metrics.record(false);
             return self
                 .reply(&id, Err(RpcError::unknown_method(&method)))
@@ -293,6 +312,7 @@ impl Processor {
             .await
             .expect("the in-flight semaphore is never closed");
         let response_queued = CancellationToken::new();
+        let response_room = Arc::new(ResponseRoom::default());
         let call = Call {
             id: id.clone(),
             session: Arc::clone(&session),
@@ -301,6 +321,8 @@ impl Processor {
             response_queued: response_queued.clone(),
             in_flight: Some(permit),
             extensions: Arc::clone(&self.extensions),
+            outbound: self.outbound.clone(),
+            response_room: Arc::clone(&response_room),
         };
         let outbound = self.outbound.clone();
         // `process`: the process a request is about, when it names one, so a process's
@@ -308,6 +330,8 @@ impl Processor {
         // unless debug logging is on).
         let span = tracing::debug_span!(
             "request",
+            // A routed method is one of our own names; a string id displays quoted and
+            // escaped, so neither can start a log line of its own.
             %method,
             %id,
             session = %session.id(),
@@ -347,11 +371,13 @@ impl Processor {
                         duration_us,
                         outcome = "error",
                         code = error.code,
-                        error = %error.message,
+                        error = %error.message.escape_debug(),
                         "request answered"
                     ),
                 }
-                outbound.respond(&id, result).await;
+                outbound
+                    .respond_reserved(&id, result, response_room.take())
+                    .await;
             }
             .instrument(span),
         );
@@ -381,7 +407,7 @@ impl Processor {
         };
         tracing::info!(
             transport = self.info.transport,
-            client = %params.client_name,
+            client = %params.client_name.escape_debug(),
             session = %session.id(),
             resumed = params.resume_session_id.is_some(),
             "session attached"

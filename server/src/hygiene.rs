@@ -3,8 +3,9 @@
 //! read its memory nor open its `/proc/<pid>/environ`, and it takes the secrets out of its
 //! environment ([`exec_server_config::secret_env`]). Serving processes also raise their
 //! descriptor limit, so the listener's reserve ([`crate::transport::http_server`]) has room.
-//! [`DescriptorHeadroom`] is how the listener and the process plugin keep descriptors in
-//! reserve below that limit.
+//! [`DescriptorHeadroom`] is how the listener keeps descriptors in reserve below that
+//! limit, judged by the descriptor numbers the kernel hands out; what clients may hold is
+//! the descriptor budget's business ([`crate::descriptors`]).
 //!
 //! Neither step can be switched off by configuration or by a plugin: they run before
 //! either exists.

@@ -13,6 +13,8 @@
 //! * [`in_process`] — a connection without a transport, for tests and embedding.
 //! * [`metrics`] — process-wide counters, gauges and histograms for `/metrics`.
 //! * [`quota`] — per-session quotas: how much of a resource one session may hold.
+//! * [`descriptors`] — the one budget of file descriptors held for clients, shared out by
+//!   session; [`descriptor_config`] — its `[descriptors]` table.
 //! * [`fair_slots`] — bounded slots for expensive work (blocking file operations, helper
 //!   processes), shared round-robin by session.
 //! * [`worker_threads`] — threads for blocking work that never outnumber its slots.
@@ -25,6 +27,8 @@
 pub mod call;
 pub mod config_section;
 pub mod connection;
+pub mod descriptor_config;
+pub mod descriptors;
 pub mod extensions;
 pub mod fair_slots;
 pub mod helpers;
@@ -46,6 +50,7 @@ pub mod worker_threads;
 pub use async_trait::async_trait;
 pub use call::{Call, Parked, ResponseQueued};
 pub use config_section::ConfigSection;
+pub use descriptors::DescriptorLease;
 pub use exec_server_config as config;
 pub use exec_server_proto as proto;
 pub use extensions::SessionState;

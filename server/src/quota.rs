@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use exec_server_proto::RpcError;
 
+use crate::descriptors::DescriptorLease;
 use crate::metrics::{self, Counter, Gauge};
 use crate::Session;
 
@@ -71,6 +72,7 @@ impl Quota {
             ledger: Arc::clone(&ledger),
             limit,
             amount,
+            descriptors: None,
         })
     }
 
@@ -132,6 +134,16 @@ pub struct QuotaLease {
     ledger: Arc<Ledger>,
     limit: usize,
     amount: usize,
+    /// The descriptors the resource holds, given back with its units.
+    descriptors: Option<DescriptorLease>,
+}
+
+impl QuotaLease {
+    /// Keeps `descriptors` charged for as long as this lease is held: the resource's
+    /// descriptors close no later than its quota units are given back.
+    pub fn hold_descriptors(&mut self, descriptors: DescriptorLease) {
+        self.descriptors = Some(descriptors);
+    }
 }
 
 impl std::fmt::Debug for QuotaLease {

@@ -35,6 +35,7 @@ impl ServerContext {
     /// Builds the context: checks the method plan and installs every enabled plugin.
     pub fn new(source: &ConfigSource, core: CoreConfig) -> Result<Arc<Self>, StartupError> {
         let plan = MethodPlan::new(source, &core, &plugins(), &config_sections())?;
+        crate::descriptor_config::configure(source)?;
         let router = Router::install(&plan, source, &core)?;
         Ok(Arc::new(Self {
             sessions: SessionRegistry::new(Duration::from_millis(core.session.detached_ttl_ms)),
@@ -51,17 +52,21 @@ impl ServerContext {
         }))
     }
 
-    /// A new connection's outbound queue, holding `connection.outbound_queue_messages`
-    /// messages; `max_message_bytes` is the largest message the transport can carry, if it
+    /// A new connection's outbound queue, holding at most
+    /// `connection.outbound_queue_messages` messages and `connection.outbound_queue_bytes`
+    /// bytes; `max_message_bytes` is the largest message the transport can carry, if it
     /// has a limit of its own (relay streams). Every transport sends through one.
     pub fn outbound_queue(
         &self,
         max_message_bytes: Option<usize>,
     ) -> (crate::outbound::Outbound, crate::outbound::OutboundDrain) {
-        crate::outbound::outbound_queue(
-            self.core.connection.outbound_queue_messages,
-            max_message_bytes,
-        )
+        let connection = &self.core.connection;
+        let limits = crate::outbound::QueueLimits {
+            messages: connection.outbound_queue_messages,
+            bytes: connection.outbound_queue_bytes,
+            stalled_peer_timeout: Duration::from_millis(connection.stalled_peer_timeout_ms),
+        };
+        crate::outbound::outbound_queue_with(limits, max_message_bytes)
     }
 
     /// True until shutdown begins.

@@ -174,6 +174,7 @@ impl SessionRegistry {
     pub fn create(&self, outbound: Outbound) -> (Arc<Session>, u64) {
         let id = uuid::Uuid::new_v4().to_string();
         let session = Arc::new(Session::new(id.clone(), outbound));
+        crate::descriptors::session_started(&id);
         self.lock().insert(id, Arc::clone(&session));
         self.attached.inc();
         (session, 1)
@@ -262,6 +263,7 @@ impl SessionRegistry {
             shrink_when_sparse(&mut sessions);
         }
         session.extensions.end_all();
+        crate::descriptors::session_ended(&session.id);
         crate::memory_trim::session_ended();
     }
 

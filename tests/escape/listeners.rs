@@ -403,9 +403,12 @@ const BACKOFF_ENDED: &str = "accepting connections again";
 
 #[tokio::test]
 async fn running_out_of_descriptors_backs_off_keeps_serving_and_recovers() {
-    // No reserve, so idle authenticated connections can use every descriptor.
+    // No reserve and no descriptor budget, so idle authenticated connections can use
+    // every descriptor and the kernel's limit is what stops them.
     let mut cmd = server_with_descriptor_limit(64, &["--listen", "ws://127.0.0.1:0"]);
     cmd.env("EXEC_SERVER_LISTENER__FD_RESERVE", "0")
+        .env("EXEC_SERVER_DESCRIPTORS__RESERVE", "0")
+        .env("EXEC_SERVER_DESCRIPTORS__SESSION_GUARANTEE", "0")
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped());
     let mut server = WsServer::start_with(cmd).await;

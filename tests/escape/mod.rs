@@ -3,11 +3,19 @@
 //! real binary on this kernel. Each module is one class of attack; `docs/SECURITY.md` names
 //! the test behind every claim it makes.
 
+mod absent_names;
+mod before_confinement;
 mod copy_leak;
+mod created_modes;
+mod descriptor_budget;
+mod failure_isolation;
 pub(crate) mod listeners;
+mod name_fidelity;
+mod network_beyond_ip;
 mod proc_secrets;
 mod process_tree;
 mod rendezvous;
 mod root_powers;
 mod server_hygiene;
+mod slow_reader;
 mod symlink_race;

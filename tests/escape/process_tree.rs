@@ -290,3 +290,116 @@ async fn background_output_after_the_exit_is_still_delivered() {
 async fn background_output_after_a_sandboxed_exit_is_still_delivered() {
     late_output_after_exit(Kind::Sandboxed).await;
 }
+
+/// The tree runs as the server's user, so it can signal its own keeper. Whatever it does
+/// to the keeper, every descendant dies at once, without anyone asking (a stopped keeper
+/// would ignore its kill and the server's death alike); in a sandbox it cannot reach the
+/// keeper, and `process/terminate` still ends the tree.
+#[derive(Clone, Copy)]
+enum KeeperAttack {
+    /// `kill -9` of the keeper.
+    Kill,
+    /// `kill -STOP` of the keeper.
+    Stop,
+}
+
+async fn attack_the_keeper(kind: Kind, attack: KeeperAttack) {
+    if kind == Kind::Sandboxed && !landlock_available() {
+        return;
+    }
+    let tree = Tree::new();
+    let markers = Markers::new();
+    let [m1, m2, m3, m4] = &markers.0;
+    // In a sandbox the parent is the PID namespace's init, which cannot be killed from
+    // inside it; the keeper is not even visible.
+    let signal = match attack {
+        KeeperAttack::Kill => "-KILL",
+        KeeperAttack::Stop => "-STOP",
+    };
+    let script = format!(
+        "sleep {m1} & setsid sleep {m2} & (setsid sleep {m3} &) ; sleep 1; \
+         kill {signal} $PPID; exec sleep {m4}"
+    );
+    let mut client = client().await;
+    client
+        .call(
+            "process/start",
+            start_params(kind, "attack", &script, &tree),
+        )
+        .await;
+    match kind {
+        Kind::Plain => {
+            // The three background sleeps run during the script's pause; the target itself
+            // dies with its keeper before it reaches `exec sleep`.
+            let deadline = Instant::now() + STEP_TIMEOUT;
+            while markers.running() < 3 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the background sleeps never started"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            markers
+                .wait_until_none_runs("the tree attacked its keeper")
+                .await;
+        }
+        Kind::Sandboxed => {
+            markers.wait_until_all_run().await;
+            client
+                .call("process/terminate", json!({"processId": "attack"}))
+                .await;
+            markers
+                .wait_until_none_runs("process/terminate of a tree that attacked its keeper")
+                .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_tree_that_kills_its_keeper_dies_with_it() {
+    attack_the_keeper(Kind::Plain, KeeperAttack::Kill).await;
+}
+
+#[tokio::test]
+async fn a_tree_that_stops_its_keeper_dies_with_it() {
+    attack_the_keeper(Kind::Plain, KeeperAttack::Stop).await;
+}
+
+#[tokio::test]
+async fn a_sandboxed_tree_cannot_kill_its_init() {
+    attack_the_keeper(Kind::Sandboxed, KeeperAttack::Kill).await;
+}
+
+#[tokio::test]
+async fn a_sandboxed_tree_cannot_stop_its_init() {
+    attack_the_keeper(Kind::Sandboxed, KeeperAttack::Stop).await;
+}
+
+/// A tree that keeps forking while its keeper is killed: every generation it makes is
+/// stopped before it is killed, so none gets away.
+#[tokio::test]
+async fn a_tree_forking_as_fast_as_it_can_still_dies_with_its_killed_keeper() {
+    let tree = Tree::new();
+    let markers = Markers::new();
+    let [m1, ..] = &markers.0;
+    let script = format!(
+        "(i=0; while [ $i -lt 3000 ]; do (setsid sleep {m1} &); i=$((i+1)); done) & \
+         (i=0; while [ $i -lt 3000 ]; do (sleep {m1} &); i=$((i+1)); done) & \
+         sleep 0.5; kill -KILL $PPID; sleep 30"
+    );
+    let mut client = client().await;
+    client
+        .call(
+            "process/start",
+            start_params(Kind::Plain, "forker", &script, &tree),
+        )
+        .await;
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    while pids_running(m1).is_empty() {
+        assert!(Instant::now() < deadline, "the forks never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    markers
+        .wait_until_none_runs("the forking tree killed its keeper")
+        .await;
+}

@@ -66,10 +66,12 @@ fn successes(answers: &[Result<Value, Value>]) -> usize {
 /// One session starts 600 `sleep`s, more than the descriptor limit leaves room for;
 /// another keeps starting `true`. The first is stopped at its quota, the second never
 /// fails. Before the quota, the flood ran the server out of descriptors and every other
-/// session's `process/start` failed with "Too many open files".
+/// session's `process/start` failed with "Too many open files". The limit is high enough
+/// that the session's share of the descriptor budget (half of it) holds 256 processes, so
+/// the process quota is what stops it.
 #[tokio::test]
 async fn a_process_flood_stops_at_the_session_quota_and_others_keep_starting() {
-    const NOFILE: u64 = 2048;
+    const NOFILE: u64 = 4096;
     let server = server(Some(NOFILE), &[]).await;
     let pid = pid(&server);
     let mut abuser = server.connect_initialized().await;
@@ -188,10 +190,10 @@ async fn processes_count_until_their_whole_tree_is_gone() {
 }
 
 /// Many sessions together (each within its quota) still cannot run the server out of
-/// descriptors: a start that would leave fewer than `process.fd_reserve` free is refused
-/// with a clear error, and the server keeps the descriptors it needs for everything else,
-/// so a victim's `fs/readFile` still works. Before the reserve, the flood reached
-/// `EMFILE` and the victim's file read failed.
+/// descriptors: every start is charged to the descriptor budget, a start that does not fit
+/// in its session's share is refused with a clear error, and the server keeps the
+/// descriptors it needs for everything else, so a victim's `fs/readFile` still works.
+/// Before the reserve, the flood reached `EMFILE` and the victim's file read failed.
 #[tokio::test]
 async fn starts_stop_short_of_the_descriptor_limit() {
     const NOFILE: u64 = 256;
@@ -233,33 +235,35 @@ async fn starts_stop_short_of_the_descriptor_limit() {
 
     assert!(!refusals.is_empty(), "no start was refused");
     for refused in &refusals {
-        assert_error(
-            refused,
-            -32600,
-            "too few file descriptors left: a process start must leave 64 of 256 free (process.fd_reserve)",
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("descriptor budget reached: a process start does not fit within "),
+            "{refused}"
         );
     }
     assert!(
-        during.fds <= NOFILE - 64,
-        "the server holds {} descriptors, inside the reserve",
+        during.fds < NOFILE,
+        "the server holds {} descriptors, at the limit",
         during.fds
     );
-    // The listener's own reserve (half the limit here) refuses new connections, /metrics
-    // too, until the abusers' sessions are gone.
     drop(abusers);
     eventually("the abusers' processes are gone", || async {
         ServerResources::of(pid).fds < 64
     })
     .await;
-    assert_eq!(
-        metric(
+    let refused = metric(
+        &server,
+        "exec_server_descriptor_refusals_total",
+        r#"reason="session_max""#,
+    )
+    .await
+        + metric(
             &server,
-            "exec_server_process_starts_refused_total",
-            r#"reason="fd_reserve""#
+            "exec_server_descriptor_refusals_total",
+            r#"reason="guarantees""#,
         )
-        .await,
-        refusals.len() as f64
-    );
+        .await;
+    assert_eq!(refused, refusals.len() as f64);
 }
 
 /// A process that never reads its stdin keeps every write to it pending, and the server

@@ -9,7 +9,7 @@ mod codex_executor;
 mod codex_harness;
 mod executor;
 mod faults;
-mod fixtures;
+pub(crate) mod fixtures;
 mod forward;
 mod harness;
 mod interop;

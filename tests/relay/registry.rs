@@ -75,7 +75,7 @@ async fn validate_refused_with_401_registers_again_once_then_exits_on_a_refused_
     let mut executor = start_executor_with(
         &gate.url,
         "env-revoked",
-        "[relay]\nreconnect_initial_backoff_ms = 50\nmax_failed_handshakes = 1\n",
+        "[relay]\nreconnect_initial_backoff_ms = 50\n",
     );
     let mut a = RelayClient::open(harness_args(&rdv.url, "env-revoked")).await;
     assert_eq!(gate.registers.load(Ordering::SeqCst), 1);

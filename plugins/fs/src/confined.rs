@@ -24,6 +24,9 @@ use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
 use rustix::fs::{Mode, OFlags};
 
 use crate::blocking::IoResultExt;
+// New files and directories that copy no other's mode are born with their final mode
+// (`0666`/`0777` less the umask); copies take theirs from `created_modes` too.
+use crate::created_modes::{NEW_DIRECTORY_MODE, NEW_FILE_MODE};
 use crate::nonblocking;
 use crate::paths::native;
 
@@ -34,11 +37,6 @@ mod tree_remove;
 pub(crate) use listing::{read_directory, walk};
 pub(crate) use tree_copy::copy;
 pub(crate) use tree_remove::remove;
-
-/// Mode of created files before the umask, as `File::create` uses.
-const NEW_FILE_MODE: u32 = 0o666;
-/// Mode of created directories before the umask.
-const NEW_DIRECTORY_MODE: u32 = 0o777;
 
 /// `fs/readFile`.
 pub(crate) fn read_file(

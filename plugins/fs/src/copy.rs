@@ -2,6 +2,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use serde_json::value::RawValue;
 use crate::blocking::{Deadline, IoResultExt};
 use crate::config::FsConfig;
 use crate::copy_data::copy_opened;
+use crate::created_modes;
 use crate::nonblocking;
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute_params, to_wire, FsOperation, FsState};
@@ -126,6 +128,8 @@ pub(crate) fn copy(
 /// skipped (also one swapped in after the listing); links inside the tree are never
 /// followed.
 fn copy_tree(source: &Path, destination: &Path, deadline: &Deadline) -> Result<(), RpcError> {
+    // Directories copy no mode (§5.13): born `0777 & ~umask`, their final mode. What makes
+    // them worth reading, the files, are born no wider than their sources.
     fs::create_dir_all(destination).or_rpc()?;
     for entry in fs::read_dir(source).or_rpc()? {
         // Its request has been answered: a copy past its deadline stops rather than
@@ -162,17 +166,21 @@ fn copy_link(source: &Path, destination: &Path) -> io::Result<()> {
     std::os::unix::fs::symlink(fs::read_link(source)?, destination)
 }
 
-/// Copies content and permission bits, creating or overwriting `destination`. Copying a
+/// Copies content and permission bits, creating or overwriting `destination`; a new
+/// destination is born no wider than the source. Copying a
 /// file onto itself (the same inode, e.g. through a link) leaves it untouched rather than
 /// truncating it to nothing. The source is checked once opened: a FIFO swapped in after
 /// it was examined would make the read wait for a writer.
 fn copy_file(source: &Path, destination: &Path, deadline: &Deadline) -> Result<Copied, RpcError> {
     let from = nonblocking::open(source, OpenOptions::new().read(true), true).or_rpc()?;
-    if !from.metadata().or_rpc()?.is_file() {
+    let from_meta = from.metadata().or_rpc()?;
+    if !from_meta.is_file() {
         return Ok(Copied::NotARegularFile);
     }
     let mut options = OpenOptions::new();
-    options.write(true).create(true);
+    // Born no wider than the source, never `0666 & ~umask` first (SECURITY.md).
+    let mode = created_modes::copy_creation_mode(from_meta.mode());
+    options.write(true).create(true).mode(mode.bits());
     let to = nonblocking::open(destination, &mut options, true).or_rpc()?;
     copy_opened(from, to, Some(deadline))?;
     Ok(Copied::Yes)

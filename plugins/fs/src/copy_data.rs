@@ -8,10 +8,13 @@ use std::os::unix::fs::MetadataExt;
 use exec_server_core::proto::RpcError;
 
 use crate::blocking::{Deadline, IoResultExt};
-use crate::{nonblocking, stream_write};
+use crate::{created_modes, nonblocking, stream_write};
 
 /// [`copy_file`] between opened files (both opened without waiting on a FIFO; `from` a
-/// regular file). A destination that is a FIFO or device is written as its reader makes
+/// regular file; `to`, if the copy created it, created with
+/// [`created_modes::copy_creation_mode`]). An existing destination wider than the source is
+/// narrowed before any content is written, and the source's mode (set-id bits included) is
+/// given only once all of it is in. A destination that is a FIFO or device is written as its reader makes
 /// room, until `deadline`; without one (in the fs helper, which its own time-out ends) it
 /// is written like a file.
 pub(crate) fn copy_opened(
@@ -30,11 +33,17 @@ pub(crate) fn copy_opened(
     }
     nonblocking::make_blocking(&to).or_rpc()?;
     if to_meta.is_file() {
+        created_modes::narrow_before_copy(&to, to_meta.mode(), from_meta.mode()).or_rpc()?;
         to.set_len(0).or_rpc()?;
     }
     io::copy(&mut from, &mut to).or_rpc()?;
     if to_meta.is_file() {
-        to.set_permissions(from_meta.permissions()).or_rpc()?;
+        let source = created_modes::Owner {
+            mode: from_meta.mode(),
+            uid: from_meta.uid(),
+            gid: from_meta.gid(),
+        };
+        created_modes::finish_copy(&to, source).or_rpc()?;
     }
     Ok(())
 }

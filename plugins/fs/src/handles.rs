@@ -17,8 +17,9 @@ use exec_server_core::proto::fs::{
     WriteBlockParams, CLOSE, MAX_HANDLE_ID_BYTES, OPEN, READ_BLOCK, WRITE_BLOCK,
 };
 use exec_server_core::proto::RpcError;
-use exec_server_core::Call;
+use exec_server_core::{descriptors, Call, DescriptorLease};
 
+use crate::ambiguous_names::SpelledPaths;
 use crate::blocking::IoResultExt;
 use crate::paths::host_path;
 use crate::payload::Base64Bytes;
@@ -34,18 +35,28 @@ pub(crate) async fn handle_open(
     let path = host_path(&params.path)?;
     check_handle_id(&params.handle_id)?;
     let table = cx.connection_state(HandleTable::default);
-    let reservation = HandleTable::reserve(&table, &params.handle_id, config.max_open_handles)?;
+    let mut reservation = HandleTable::reserve(&table, &params.handle_id, config.max_open_handles)?;
     check_streaming(
         &config.sandbox,
         params.sandbox.as_ref(),
         params.sandbox_policy.as_ref(),
     )?;
     let mode = params.mode.unwrap_or_default();
+    // Charged before the file is opened, held until the handle closes.
+    reservation.hold_descriptors(descriptors::charge(
+        cx.session().id(),
+        descriptors_held(mode),
+        "an fs/open handle",
+    )?);
+    let spelled = SpelledPaths::of([params.path.as_str()]);
     let handle = config
         .pool
-        .run(cx.session(), OPEN, move |_| match mode {
-            OpenMode::Read => open_regular(&path, true).map(OpenHandle::Read),
-            OpenMode::Replace => ReplaceFile::open(&path).map(OpenHandle::Replace),
+        .run(cx.session(), OPEN, move |_| {
+            spelled.check()?;
+            match mode {
+                OpenMode::Read => open_regular(&path, true).map(OpenHandle::Read),
+                OpenMode::Replace => ReplaceFile::open(&path).map(OpenHandle::Replace),
+            }
         })
         .await?;
     reservation.fill(handle);
@@ -156,6 +167,15 @@ pub(crate) async fn handle_close(
     Ok(Empty {})
 }
 
+/// Descriptors an open handle holds: the file, or a `replace` handle's temporary file and
+/// the directory it will be renamed in.
+fn descriptors_held(mode: OpenMode) -> u64 {
+    match mode {
+        OpenMode::Read => 1,
+        OpenMode::Replace => 2,
+    }
+}
+
 /// What codex answers for a read on a `replace` handle or a write on a `read` one.
 fn bad_descriptor() -> RpcError {
     RpcError::from_io(&io::Error::from_raw_os_error(libc::EBADF))
@@ -217,7 +237,13 @@ struct Slots {
 enum Slot {
     /// Claimed by an `fs/open` that is still opening the file; counts against the limit.
     Opening(u64),
-    Open(Arc<OpenHandle>),
+    /// The handle, and its charge to the session's descriptor budget, given back when the
+    /// slot goes (close, failed read, connection end).
+    Open(
+        Arc<OpenHandle>,
+        // Held, never read: dropping the slot gives the charge back.
+        #[allow(dead_code)] Option<DescriptorLease>,
+    ),
 }
 
 impl HandleTable {
@@ -243,13 +269,14 @@ impl HandleTable {
             id: id.to_owned(),
             ticket,
             filled: false,
+            descriptors: None,
         })
     }
 
     /// The open handle behind `id`.
     pub(crate) fn get(&self, id: &str) -> Option<Arc<OpenHandle>> {
         match self.lock().by_id.get(id) {
-            Some(Slot::Open(handle)) => Some(Arc::clone(handle)),
+            Some(Slot::Open(handle, _)) => Some(Arc::clone(handle)),
             _ => None,
         }
     }
@@ -259,7 +286,7 @@ impl HandleTable {
     pub(crate) fn close(&self, id: &str) -> Option<Arc<OpenHandle>> {
         let removed = self.lock().by_id.remove(id);
         match removed {
-            Some(Slot::Open(handle)) => Some(handle),
+            Some(Slot::Open(handle, _)) => Some(handle),
             _ => None,
         }
     }
@@ -268,7 +295,7 @@ impl HandleTable {
     /// opened later under the same id).
     pub(crate) fn close_if_same(&self, id: &str, file: &Arc<OpenHandle>) {
         let mut slots = self.lock();
-        if matches!(slots.by_id.get(id), Some(Slot::Open(f)) if Arc::ptr_eq(f, file)) {
+        if matches!(slots.by_id.get(id), Some(Slot::Open(f, _)) if Arc::ptr_eq(f, file)) {
             slots.by_id.remove(id);
         }
     }
@@ -294,9 +321,17 @@ pub(crate) struct Reservation {
     id: String,
     ticket: u64,
     filled: bool,
+    /// The handle's charge to the descriptor budget, moved into its slot by `fill`.
+    descriptors: Option<DescriptorLease>,
 }
 
 impl Reservation {
+    /// Keeps `lease` charged while the file is opened and then for as long as the handle
+    /// is open.
+    pub(crate) fn hold_descriptors(&mut self, lease: DescriptorLease) {
+        self.descriptors = Some(lease);
+    }
+
     /// Makes the handle usable. If the client closed the id meanwhile, the handle is
     /// dropped (outside the table's lock): the close was for this handle.
     pub(crate) fn fill(mut self, handle: OpenHandle) {
@@ -304,7 +339,8 @@ impl Reservation {
         let mut slots = self.table.lock();
         if let Some(slot) = slots.by_id.get_mut(&self.id) {
             if matches!(slot, Slot::Opening(t) if *t == self.ticket) {
-                *slot = Slot::Open(Arc::new(handle.take().expect("filled once")));
+                let handle = Arc::new(handle.take().expect("filled once"));
+                *slot = Slot::Open(handle, self.descriptors.take());
             }
         }
         drop(slots);

@@ -14,6 +14,7 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::ambiguous_names::SpelledPaths;
 use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::copy::Copy;
@@ -92,17 +93,19 @@ fn helper_limits() -> FsConfig {
 }
 
 fn decode<O: FsOperation>(
-    params: Value,
+    mut params: Value,
     limits: &FsConfig,
 ) -> Result<Box<dyn HelperOperation>, RpcError> {
+    let spelled = SpelledPaths::take_from_helper(&mut params)?;
     let params: O::Params =
         serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))?;
-    Ok(Box::new(InHelper(O::from_params(params, limits)?)))
+    Ok(Box::new(InHelper(O::from_params(params, limits)?, spelled)))
 }
 
-/// An operation as the helper runs it.
+/// An operation as the helper runs it, and the paths the client spelled as text, checked
+/// here for lookalike names before the operation touches them.
 #[derive(Debug)]
-struct InHelper<O>(O);
+struct InHelper<O>(O, SpelledPaths);
 
 impl<O: FsOperation> HelperOperation for InHelper<O> {
     fn targets(&self) -> Vec<Target> {
@@ -110,11 +113,13 @@ impl<O: FsOperation> HelperOperation for InHelper<O> {
     }
 
     fn run(self: Box<Self>, policy: &SandboxPolicy) -> Result<Box<RawValue>, RpcError> {
+        self.1.check_confined(policy)?;
         O::output_to_wire(self.0.run_confined(policy)?)
     }
 
     /// What the server runs in-process, with the helper's default deadline.
     fn run_unconfined(self: Box<Self>) -> Result<Box<RawValue>, RpcError> {
+        self.1.check()?;
         let timeout = Duration::from_millis(helper_limits().operation_timeout_ms);
         O::output_to_wire(self.0.run(Deadline::new(O::METHOD, timeout))?)
     }

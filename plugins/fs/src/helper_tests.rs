@@ -15,7 +15,10 @@ fn in_server<O: FsOperation>(params: Value) -> String {
     params.take_sandbox();
     format!(
         "{:?}",
-        InHelper(O::from_params(params, &FsConfig::default()).unwrap())
+        InHelper(
+            O::from_params(params, &FsConfig::default()).unwrap(),
+            SpelledPaths::default()
+        )
     )
 }
 

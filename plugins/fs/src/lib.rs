@@ -10,9 +10,12 @@
 //! * `blocking` — runs filesystem work on a bounded, fair share of worker threads,
 //!   with a deadline per operation, and maps OS errors (§5.3).
 //! * `stream_write` — writes to FIFOs and devices that end at the deadline.
+//! * `ambiguous_names` — refuses a path spelled as text that a lossy listing could have
+//!   made from another file's name.
 //! * `paths` — wire paths to host paths, and host paths back to message text (§5.1).
 //! * `payload` — owned bytes serialized as base64 straight into the response.
 //! * `nonblocking` — opening files without ever waiting on a FIFO.
+//! * `created_modes` — the modes files are created with: never wider than their final one.
 //! * `regular_file`, `describe`, `walker`, `copy_data` — what a method does that both the
 //!   server and the fs helper (`confined`) use: reading a regular file whole, the metadata
 //!   answer, the walk, copying bytes between opened files.
@@ -30,12 +33,15 @@
 //! `sandbox`, and only then touches the file system, in its session's share of the
 //! worker threads or of the fs helpers.
 
+mod ambiguous_names;
+mod answer_room;
 mod blocking;
 mod config;
 mod confined;
 mod copy;
 mod copy_data;
 mod create_directory;
+mod created_modes;
 mod describe;
 mod handles;
 mod helper;
@@ -118,7 +124,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.method_with(REMOVE, &config, remove::handle);
     install.method_with(COPY, &config, copy::handle);
     install.method_with(OPEN, &config, handles::handle_open);
-    install.method_with(READ_BLOCK, &config, handles::handle_read_block);
+    install.method_with(READ_BLOCK, &config, answer_room::handle_read_block);
     install.method_with(WRITE_BLOCK, &config, handles::handle_write_block);
     install.method_with(CLOSE, &config, handles::handle_close);
     // Without `fs/close` a new version is never put in place.

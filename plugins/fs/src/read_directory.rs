@@ -1,7 +1,7 @@
 //! `fs/readDirectory` (PROTOCOL §5.10): one directory's entries, in the OS's order.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use exec_server_core::proto::fs::{DirectoryEntry, ReadDirectoryParams, ReadDirectoryResult};
@@ -89,6 +89,7 @@ impl FsOperation for ReadDirectory {
 /// their target's type; entries whose type cannot be learnt (dangling links included)
 /// are left out.
 pub(crate) fn read_directory(path: &Path, limit: usize) -> Result<Vec<DirectoryEntry>, RpcError> {
+    let location = uri_location(path);
     let mut entries = Vec::new();
     for (seen, entry) in fs::read_dir(path).or_rpc()?.enumerate() {
         if seen == limit {
@@ -103,13 +104,25 @@ pub(crate) fn read_directory(path: &Path, limit: usize) -> Result<Vec<DirectoryE
             Ok(t) => t,
             Err(_) => continue,
         };
-        entries.push(DirectoryEntry {
-            file_name: entry.file_name().to_string_lossy().into_owned(),
-            is_directory: file_type.is_dir(),
-            is_file: file_type.is_file(),
-        });
+        entries.push(DirectoryEntry::new(
+            &location,
+            &entry.file_name(),
+            file_type.is_dir(),
+            file_type.is_file(),
+        ));
     }
     Ok(entries)
+}
+
+/// `path` in a form a `file:` URI keeps the meaning of: a URI's `..` is resolved
+/// lexically, the kernel's through links, so a path with `..` is resolved first.
+fn uri_location(path: &Path) -> PathBuf {
+    if path.components().any(|c| c == Component::ParentDir) {
+        if let Ok(resolved) = fs::canonicalize(path) {
+            return resolved;
+        }
+    }
+    path.to_path_buf()
 }
 
 #[cfg(test)]

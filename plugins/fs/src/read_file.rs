@@ -24,6 +24,9 @@ pub(crate) async fn handle(
     cx: Call,
     params: ReadFileParams,
 ) -> Result<Box<RawValue>, RpcError> {
+    let follow_symlinks = params.follow_symlinks.unwrap_or(true);
+    crate::answer_room::reserve_for_file(&config, &cx, host_path(&params.path), follow_symlinks)
+        .await;
     execute_params::<ReadFile>(&config, cx.session(), params)
         .await
         .map(Encoded::into_raw)

@@ -25,6 +25,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
 use crate::blocking::IoResultExt;
+use crate::created_modes;
 use crate::paths::native;
 
 /// Links followed before giving up with `ELOOP`, as the kernel does.
@@ -48,6 +49,9 @@ pub(crate) struct ReplaceFile {
     dir_syncable: bool,
     temp_name: OsString,
     target_name: OsString,
+    /// The mode and owner of the file being replaced: the new version takes its owner
+    /// where it may, its permission bits at once and its set-id bits at the commit.
+    existing: Option<created_modes::Owner>,
     /// Writes hold it shared; the commit holds it exclusively, so no write lands in the
     /// file once it is the target. `true` once the temporary file is the target.
     committed: RwLock<bool>,
@@ -55,8 +59,10 @@ pub(crate) struct ReplaceFile {
 
 impl ReplaceFile {
     /// Prepares a new version of `path`: finds the file it names (following a last link),
-    /// and creates an empty temporary file beside it with the target's mode (and owner,
-    /// when this process may set it), or `0666 & ~umask` for a new file.
+    /// and creates an empty temporary file beside it, born with only the target's owner
+    /// bits and then given the target's owner (when this process may set it) and
+    /// permission bits; a new file gets `0666 & ~umask`. The target's set-id bits follow at
+    /// the commit, once the content is final.
     pub(crate) fn open(path: &Path) -> Result<Self, RpcError> {
         let Target {
             dir,
@@ -64,27 +70,23 @@ impl ReplaceFile {
             name,
             existing,
         } = resolve(path)?;
-        let (temp, temp_name) = create_temp(&dir, &name).or_rpc()?;
+        let creation_mode = created_modes::replacement_creation_mode(existing.map(|s| s.st_mode));
+        let (temp, temp_name) = create_temp(&dir, &name, creation_mode).or_rpc()?;
         let file = Self {
             temp,
             dir,
             dir_syncable,
             temp_name,
             target_name: name,
+            existing: existing.map(|s| created_modes::Owner {
+                mode: s.st_mode,
+                uid: s.st_uid,
+                gid: s.st_gid,
+            }),
             committed: RwLock::new(false),
         };
-        if let Some(stat) = existing {
-            // The owner first: changing it clears set-id bits, which the mode restores.
-            // Only a privileged server may give the file to someone else; otherwise the
-            // new version belongs to the server's user.
-            let _ = rustix::fs::fchown(
-                &file.temp,
-                Some(rustix::fs::Uid::from_raw(stat.st_uid)),
-                Some(rustix::fs::Gid::from_raw(stat.st_gid)),
-            );
-            rustix::fs::fchmod(&file.temp, Mode::from_raw_mode(stat.st_mode & 0o7777))
-                .map_err(io::Error::from)
-                .or_rpc()?;
+        if let Some(existing) = file.existing {
+            created_modes::adopt(&file.temp, existing).or_rpc()?;
         }
         Ok(file)
     }
@@ -104,6 +106,9 @@ impl ReplaceFile {
         let mut committed = self.write_lock();
         if *committed {
             return Ok(());
+        }
+        if let Some(existing) = self.existing {
+            created_modes::restore_set_id(&self.temp, existing).or_rpc()?;
         }
         self.temp.sync_all().or_rpc()?;
         rustix::fs::renameat(&self.dir, &self.temp_name, &self.dir, &self.target_name)
@@ -210,9 +215,9 @@ fn open_directory(path: &Path) -> io::Result<(OwnedFd, bool)> {
     }
 }
 
-/// Creates a new, empty file in `dir` named after `target` (`.<target>.<random>.tmp`),
-/// never reusing or following anything already there.
-fn create_temp(dir: &OwnedFd, target: &OsStr) -> io::Result<(File, OsString)> {
+/// Creates a new, empty file with `mode` in `dir` named after `target`
+/// (`.<target>.<random>.tmp`), never reusing or following anything already there.
+fn create_temp(dir: &OwnedFd, target: &OsStr, mode: Mode) -> io::Result<(File, OsString)> {
     let kept = &target.as_bytes()[..target.len().min(TEMP_NAME_KEEP)];
     let mut last = Errno::EXIST;
     for attempt in 0..TEMP_NAME_ATTEMPTS {
@@ -222,7 +227,7 @@ fn create_temp(dir: &OwnedFd, target: &OsStr) -> io::Result<(File, OsString)> {
         let name = OsString::from_vec(name);
         let flags =
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        match rustix::fs::openat(dir, &*name, flags, Mode::from_raw_mode(0o666)) {
+        match rustix::fs::openat(dir, &*name, flags, mode) {
             Ok(fd) => return Ok((File::from(fd), name)),
             Err(Errno::EXIST) => last = Errno::EXIST,
             Err(e) => return Err(e.into()),

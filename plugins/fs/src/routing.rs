@@ -21,6 +21,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::ambiguous_names::{self, SpelledPaths};
 use crate::blocking::{BlockingPool, Deadline};
 use crate::config::FsConfig;
 
@@ -51,7 +52,7 @@ impl Deref for FsState {
 /// cannot disagree on a default or a check.
 pub(crate) trait FsOperation: std::fmt::Debug + Send + Sized + 'static {
     /// The method's params as the client (or the server, for the helper) sends them.
-    type Params: DeserializeOwned + SandboxMembers + Send;
+    type Params: DeserializeOwned + SandboxMembers + WirePaths + Send;
     type Output: Send + 'static;
 
     /// The method, which is also the helper's `operation` (SANDBOX.md §4.4).
@@ -70,14 +71,19 @@ pub(crate) trait FsOperation: std::fmt::Debug + Send + Sized + 'static {
     fn run(self, deadline: Deadline) -> Result<Self::Output, RpcError>;
 
     /// Runs the operation in the server: [`Self::run`] on a blocking thread in `session`'s
-    /// share of `pool`. A method overrides this when part of its work can wait without a
-    /// thread.
+    /// share of `pool`, after `spelled` is checked on that same thread. A method overrides
+    /// this when part of its work can wait without a thread; it checks `spelled` before
+    /// it first touches a path.
     fn run_in_server(
         self,
         pool: &BlockingPool,
         session: &Session,
+        spelled: SpelledPaths,
     ) -> impl Future<Output = Result<Self::Output, RpcError>> + Send {
-        pool.run(session, Self::METHOD, move |deadline| self.run(deadline))
+        pool.run(session, Self::METHOD, move |deadline| {
+            spelled.check()?;
+            self.run(deadline)
+        })
     }
 
     /// Runs the operation inside the fs helper (see `confined`): it resolves and checks
@@ -105,26 +111,38 @@ pub(crate) trait SandboxMembers {
     fn take_sandbox(&mut self) -> (Option<Value>, Option<Value>);
 }
 
-macro_rules! sandbox_members {
-    ($($params:ty),* $(,)?) => {$(
+/// The path members of a method's params, as the client sent them: what decides which
+/// paths are checked for lookalike names (see `ambiguous_names`).
+pub(crate) trait WirePaths {
+    fn wire_paths(&self) -> Vec<&str>;
+}
+
+macro_rules! fs_params {
+    ($($params:ty => [$($path:ident),+]),* $(,)?) => {$(
         impl SandboxMembers for $params {
             fn take_sandbox(&mut self) -> (Option<Value>, Option<Value>) {
                 (self.sandbox.take(), self.sandbox_policy.take())
             }
         }
+
+        impl WirePaths for $params {
+            fn wire_paths(&self) -> Vec<&str> {
+                vec![$(self.$path.as_str()),+]
+            }
+        }
     )*};
 }
 
-sandbox_members!(
-    fs::ReadFileParams,
-    fs::WriteFileParams,
-    fs::CreateDirectoryParams,
-    fs::GetMetadataParams,
-    fs::CanonicalizeParams,
-    fs::ReadDirectoryParams,
-    fs::WalkParams,
-    fs::RemoveParams,
-    fs::CopyParams,
+fs_params!(
+    fs::ReadFileParams => [path],
+    fs::WriteFileParams => [path],
+    fs::CreateDirectoryParams => [path],
+    fs::GetMetadataParams => [path],
+    fs::CanonicalizeParams => [path],
+    fs::ReadDirectoryParams => [path],
+    fs::WalkParams => [path],
+    fs::RemoveParams => [path],
+    fs::CopyParams => [source_path, destination_path],
 );
 
 /// Serialises a result object.
@@ -145,11 +163,12 @@ pub(crate) async fn execute_params<O: FsOperation>(
     mut params: O::Params,
 ) -> Result<O::Output, RpcError> {
     let (sandbox, top_level_policy) = params.take_sandbox();
+    let spelled = SpelledPaths::of(params.wire_paths());
     let operation = O::from_params(params, &state.config)?;
     execute(
         state,
         session,
-        operation,
+        (operation, spelled),
         sandbox.as_ref(),
         top_level_policy.as_ref(),
     )
@@ -159,19 +178,26 @@ pub(crate) async fn execute_params<O: FsOperation>(
 /// Runs `operation` for `session` as its `sandbox` (and legacy top-level `sandboxPolicy`)
 /// demands: directly, on the worker threads, when the policy does not restrict the file
 /// system; otherwise in an fs helper that enforces the policy, or not at all when it cannot
-/// be enforced.
+/// be enforced. The paths in `spelled` are checked for lookalike names on the side that
+/// then acts on them: the worker thread, or the fs helper (see `ambiguous_names`).
 pub(crate) async fn execute<O: FsOperation>(
     state: &FsState,
     session: &Session,
-    operation: O,
+    (operation, spelled): (O, SpelledPaths),
     sandbox: Option<&Value>,
     top_level_policy: Option<&Value>,
 ) -> Result<O::Output, RpcError> {
     match state.sandbox.decide_fs(sandbox, top_level_policy)? {
-        SandboxDecision::Unsandboxed => operation.run_in_server(&state.pool, session).await,
+        SandboxDecision::Unsandboxed => {
+            operation.run_in_server(&state.pool, session, spelled).await
+        }
         SandboxDecision::Enforce(policy) => {
             state.sandbox.end_helpers_with(session);
-            let params = to_wire(&operation.helper_params())?;
+            let mut params = operation.helper_params();
+            if !spelled.is_empty() {
+                params[ambiguous_names::HELPER_MEMBER] = spelled.to_helper();
+            }
+            let params = to_wire(&params)?;
             let response = state
                 .sandbox
                 .run_fs_helper(session.id(), O::METHOD, params, &policy)
@@ -267,7 +293,14 @@ mod tests {
         let (session, _) = registry.create(outbound);
         let ran = Arc::new(AtomicBool::new(false));
         let probe = Probe(Arc::clone(&ran));
-        execute(&state, &session, probe, sandbox, top_level).await?;
+        execute(
+            &state,
+            &session,
+            (probe, SpelledPaths::default()),
+            sandbox,
+            top_level,
+        )
+        .await?;
         Ok(ran.load(Ordering::SeqCst))
     }
 

@@ -22,6 +22,10 @@ pub(crate) async fn handle(
     cx: Call,
     params: WalkParams,
 ) -> Result<WalkResult, RpcError> {
+    // The answer is cut at `fs.walk_response_budget_bytes`: that much is reserved before
+    // the walk (SECURITY.md, "bytes held for a peer").
+    cx.reserve_response_bytes(config.walk_response_budget_bytes)
+        .await;
     execute_params::<Walk>(&config, cx.session(), params).await
 }
 

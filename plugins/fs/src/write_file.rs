@@ -18,6 +18,7 @@ use exec_server_sandbox::policy::SandboxPolicy;
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use crate::ambiguous_names::SpelledPaths;
 use crate::blocking::{BlockingPool, Deadline, IoResultExt};
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path, native};
@@ -72,15 +73,23 @@ impl FsOperation for WriteFile {
 
     /// Opens on a blocking thread; a FIFO or device is then written from the reactor, so
     /// a reader that takes its time holds no thread and no slot.
-    async fn run_in_server(self, pool: &BlockingPool, session: &Session) -> Result<(), RpcError> {
+    async fn run_in_server(
+        self,
+        pool: &BlockingPool,
+        session: &Session,
+        spelled: SpelledPaths,
+    ) -> Result<(), RpcError> {
         let WriteFile {
             path,
             data,
             follow_symlinks,
         } = self;
-        let open_and_write = move |deadline| match open_for_write(&path, follow_symlinks)? {
-            WriteTarget::Regular(mut file) => file.write_all(&data).or_rpc().map(|()| None),
-            WriteTarget::Stream(file) => Ok(Some((file, data, deadline))),
+        let open_and_write = move |deadline| {
+            spelled.check()?;
+            match open_for_write(&path, follow_symlinks)? {
+                WriteTarget::Regular(mut file) => file.write_all(&data).or_rpc().map(|()| None),
+                WriteTarget::Stream(file) => Ok(Some((file, data, deadline))),
+            }
         };
         let Some((file, data, deadline)) = pool.run(session, WRITE_FILE, open_and_write).await?
         else {

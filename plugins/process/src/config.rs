@@ -33,9 +33,10 @@ pub struct ProcessConfig {
     /// `process/write` bytes one session may have waiting for its processes to read them;
     /// a write beyond it is refused (fair share).
     pub max_pending_write_bytes_per_session: usize,
-    /// Descriptors a `process/start` must leave free below the open-file limit; 0: no
-    /// reserve (fair share).
-    pub fd_reserve: usize,
+    /// Removed: process starts are charged to the descriptor budget (`[descriptors]`).
+    /// Kept only to refuse a configuration that still sets it, with a message that says so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fd_reserve: Option<usize>,
 }
 
 impl Default for ProcessConfig {
@@ -64,18 +65,21 @@ impl Default for ProcessConfig {
             retained_output_budget_bytes: 256 << 20,
             // One write of the largest message (64 MiB of base64 is 48 MiB of bytes) fits.
             max_pending_write_bytes_per_session: 64 << 20,
-            // Below `listener.fd_reserve` (256): connections stop first, processes later,
-            // and these are left for the server's own files, helpers and metrics.
-            fd_reserve: 64,
+            fd_reserve: None,
         }
     }
 }
 
 impl CheckedSection for ProcessConfig {
     /// Zero is refused where it cannot work. It is meaningful for the wait bound (no long
-    /// polls), the closed retention (remove at once), the write-id history (no dedupe) and
-    /// the descriptor reserve (none).
+    /// polls), the closed retention (remove at once) and the write-id history (no dedupe).
     fn check(&self, source: &ConfigSource, table: &str) -> Result<(), ConfigError> {
+        if self.fd_reserve.is_some() {
+            return Err(source.invalid(
+                &format!("{table}.fd_reserve"),
+                "was removed: process starts are charged to the descriptor budget, whose reserve is descriptors.reserve; delete the key",
+            ));
+        }
         source.require_positive(
             table,
             &[
@@ -133,7 +137,7 @@ mod tests {
             "{err}"
         );
 
-        assert!(load("[process]\nmax_wait_ms = 0\nwrite_id_history = 0\nfd_reserve = 0\n").is_ok());
+        assert!(load("[process]\nmax_wait_ms = 0\nwrite_id_history = 0\n").is_ok());
         let err = load("[process]\nmax_processes_per_session = 0\n").unwrap_err();
         assert!(
             err.0.starts_with(
@@ -141,6 +145,9 @@ mod tests {
             ),
             "{err}"
         );
+
+        let err = load("[process]\nfd_reserve = 64\n").unwrap_err();
+        assert!(err.0.contains("process.fd_reserve was removed"), "{err}");
 
         let err = load("[process]\nmax_wait = 1\n").unwrap_err();
         assert!(err.0.contains("unknown key process.max_wait"), "{err}");

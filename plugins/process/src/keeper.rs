@@ -34,6 +34,10 @@ use crate::raw;
 /// 34). `process/signal` never sends it and nothing else in the server uses it.
 pub(crate) const KILL_TREE: i32 = 36;
 
+/// Exit status of a keeper whose kill rounds ran out with processes of its tree still
+/// there (a tree forking faster than it is killed): the server ends them ([`crate::strays`]).
+pub(crate) const TREE_LEFT_BEHIND: i32 = 3;
+
 /// Exit status of a target whose set-up or `execve` failed (as a shell's "not found").
 const SPAWN_FAILED_STATUS: i32 = 127;
 /// How long the keeper sleeps between checks that its parent is still the server, should
@@ -236,8 +240,7 @@ pub(crate) extern "C" fn keeper_main(arg: *mut c_void) -> libc::c_int {
         me: target_args.keeper_pid,
     };
     if !report(STATUS_FD, Report::Started(target)) {
-        tree.kill();
-        raw::exit(0);
+        tree.kill_and_exit();
     }
     // The target exec'd: its stack is free, and its pages need not stay in the server's RSS.
     // SAFETY: a private anonymous mapping nobody uses any more.
@@ -249,14 +252,12 @@ pub(crate) extern "C" fn keeper_main(arg: *mut c_void) -> libc::c_int {
         if signal == KILL_TREE as isize
             || (signal == -(libc::EAGAIN as isize) && raw::getppid() != server_pid)
         {
-            tree.kill();
-            raw::exit(0);
+            tree.kill_and_exit();
         }
         match tree.reap_ready() {
             Reaped::SomeLeft => {}
             Reaped::ServerGone => {
-                tree.kill();
-                raw::exit(0);
+                tree.kill_and_exit();
             }
             Reaped::NoneLeft if tree.target_reaped => raw::exit(0),
             Reaped::NoneLeft => {}
@@ -402,9 +403,19 @@ impl Tree {
         }
     }
 
+    /// Kills the whole tree and reaps it, then exits: 0, or [`TREE_LEFT_BEHIND`] when the
+    /// rounds ran out with children still there (the server then ends them).
+    fn kill_and_exit(&mut self) -> ! {
+        if self.kill() {
+            raw::exit(0)
+        }
+        raw::exit(TREE_LEFT_BEHIND)
+    }
+
     /// Kills the whole tree and reaps it: the target's process group first, then, round
     /// after round, every process re-parented to the keeper, until no child is left.
-    fn kill(&mut self) {
+    /// False when the rounds ran out first.
+    fn kill(&mut self) -> bool {
         if !self.target_reaped {
             // The target's pid cannot have been reused: it is our unreaped child.
             let _ = raw::kill(-self.target, libc::SIGKILL);
@@ -426,7 +437,7 @@ impl Tree {
                     (pid, _) if pid > 0 => {}
                     (pid, _) if pid == -(libc::EINTR as isize) => {}
                     (0, _) => break,
-                    _ => return,
+                    _ => return true,
                 }
             }
             if killed == 0 {
@@ -434,6 +445,7 @@ impl Tree {
                 let _ = raw::wait_signal(raw::sigset(&[libc::SIGCHLD]), ORPHAN_WAIT_MS);
             }
         }
+        false
     }
 }
 

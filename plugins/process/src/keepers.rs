@@ -14,12 +14,17 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use exec_server_core::QuotaLease;
+use exec_server_sandbox::placeholders::Placeholders;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::keeper::KILL_TREE;
 use crate::spawn::{Keeper, KeeperStack};
 use crate::sys;
+
+/// How long a keeper told to end its tree may take before it is killed. Ending a tree
+/// takes milliseconds; only a keeper the tree stopped or starved needs this.
+const KEEPER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A keeper, until it has been reaped.
 ///
@@ -36,23 +41,52 @@ pub(crate) struct LiveKeeper {
 
 impl LiveKeeper {
     /// Makes the keeper kill every process of its tree and exit. No effect once it exited.
-    pub fn kill_tree(&self) {
-        let reaped = self.reaped.lock().unwrap_or_else(|e| e.into_inner());
-        if *reaped {
+    ///
+    /// The tree may have stopped its keeper (it runs as the same user): the keeper is
+    /// continued, and if it has not exited after [`KEEPER_GRACE`] it is killed, which makes
+    /// the server adopt and end its orphans ([`crate::strays`]).
+    pub fn kill_tree(self: &Arc<Self>) {
+        if !self.signal(KILL_TREE) {
             return;
         }
-        // SAFETY: kill has no memory effects; the pid is our unreaped child (see above).
-        if unsafe { libc::kill(self.pid, KILL_TREE) } != 0 {
-            let e = io::Error::last_os_error();
-            tracing::warn!(keeper = self.pid, error = %e, "failed to signal a process keeper");
+        self.signal(libc::SIGCONT);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let keeper = Arc::clone(self);
+            runtime.spawn(async move {
+                tokio::time::sleep(KEEPER_GRACE).await;
+                if keeper.signal(libc::SIGKILL) {
+                    tracing::warn!(
+                        keeper = keeper.pid,
+                        "a process keeper did not end its tree in time; killed"
+                    );
+                }
+            });
         }
     }
 
-    /// Reaps the keeper behind `pidfd` if it has exited; true once it is reaped.
+    /// Sends `signal` unless the keeper has been reaped; false if it has.
+    fn signal(&self, signal: libc::c_int) -> bool {
+        let reaped = self.reaped.lock().unwrap_or_else(|e| e.into_inner());
+        if *reaped {
+            return false;
+        }
+        // SAFETY: kill has no memory effects; the pid is our unreaped child (see above).
+        if unsafe { libc::kill(self.pid, signal) } != 0 {
+            let e = io::Error::last_os_error();
+            tracing::warn!(keeper = self.pid, error = %e, "failed to signal a process keeper");
+        }
+        true
+    }
+
+    /// Reaps the keeper behind `pidfd` if it has exited; true once it is reaped. A keeper
+    /// that died of a signal left its tree behind: the server ends it.
     fn try_reap(&self, pidfd: &OwnedFd) -> io::Result<bool> {
         let mut reaped = self.reaped.lock().unwrap_or_else(|e| e.into_inner());
-        if !*reaped && sys::try_wait(pidfd)?.is_some() {
-            *reaped = true;
+        if !*reaped {
+            if let Some(code) = sys::try_wait(pidfd)? {
+                *reaped = true;
+                crate::strays::keeper_reaped(self.pid, crate::strays::left_a_tree(code));
+            }
         }
         Ok(*reaped)
     }
@@ -87,6 +121,8 @@ struct RegistryState {
 struct KeeperEntry {
     keeper: Arc<LiveKeeper>,
     _share: Option<QuotaLease>,
+    /// Missing carve-outs held for the tree: they must outlive every process of it.
+    _placeholders: Placeholders,
 }
 
 impl KeeperRegistry {
@@ -95,9 +131,15 @@ impl KeeperRegistry {
     }
 
     /// Takes over a newly spawned keeper: it dies with the session, and a task reaps it when
-    /// it exits, then frees its stack and gives back `share` (its process's share of the
-    /// session's quota). Must be called within the tokio runtime.
-    pub fn adopt(self: &Arc<Self>, keeper: Keeper, share: Option<QuotaLease>) -> Arc<LiveKeeper> {
+    /// it exits, then frees its stack, gives back `share` (its process's share of the
+    /// session's quota) and lets go of `placeholders`. Must be called within the tokio
+    /// runtime.
+    pub fn adopt(
+        self: &Arc<Self>,
+        keeper: Keeper,
+        share: Option<QuotaLease>,
+        placeholders: Placeholders,
+    ) -> Arc<LiveKeeper> {
         let Keeper { pid, pidfd, stack } = keeper;
         let live = Arc::new(LiveKeeper {
             pid,
@@ -113,6 +155,7 @@ impl KeeperRegistry {
                 KeeperEntry {
                     keeper: Arc::clone(&live),
                     _share: share,
+                    _placeholders: placeholders,
                 },
             );
             state.ended

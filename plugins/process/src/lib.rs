@@ -6,7 +6,7 @@
 //! * `start`, `read`, `write` (and `closeStdin`), `signal`, `resize`, `terminate` — one
 //!   module per method.
 //! * `admission` — fair share before a request goes ahead: the session's process and
-//!   pending-write quotas, the descriptor reserve.
+//!   pending-write quotas, the descriptors a process holds.
 //! * `table` — the per-session process table: reservation, lookup, kill on session end.
 //! * `managed` — one process as the methods see it: events, stdin writer, group, terminal.
 //! * `retention` — the `seq` counter, retained chunks and the read snapshot algorithm.
@@ -17,6 +17,7 @@
 //! * `spawn_queue` — the spawner's queue, where sessions take turns.
 //! * `keeper` — the keeper: creates the target, reports its exit, kills its whole tree.
 //! * `keepers` — the session's live keepers: killed with the session, reaped when they exit.
+//! * `strays` — orphans of a keeper its own tree killed: adopted by the server and ended.
 //! * `raw` — raw system calls for code that runs in the server's memory outside its threads.
 //! * `environment` — the child's environment (`env`, `envPolicy`, scrub) and program lookup.
 //! * `terminal` — pseudo-terminal pairs.
@@ -38,6 +39,7 @@ mod signal;
 mod spawn;
 mod spawn_queue;
 mod start;
+mod strays;
 mod sys;
 mod table;
 mod terminal;
@@ -78,8 +80,6 @@ pub(crate) struct ProcessPlugin {
     config: ProcessConfig,
     /// The retained output of every session's processes together.
     output_budget: Arc<output_budget::OutputBudget>,
-    /// The descriptors `process/start` leaves free.
-    descriptors: admission::DescriptorReserve,
     /// Where sandboxed starts go: the launcher and its settings.
     sandbox: Arc<exec_server_sandbox::SandboxRuntime>,
     /// The variable named by `relay.token_env`, never inherited through `envPolicy`.
@@ -106,7 +106,6 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
             config.max_retained_output_bytes_per_session,
             config.retained_output_budget_bytes,
         ),
-        descriptors: admission::DescriptorReserve::new(config.fd_reserve),
         config,
         sandbox,
         relay_token_env,

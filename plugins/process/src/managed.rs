@@ -166,7 +166,7 @@ impl ManagedProcess {
     /// SIGKILL to the process group, ignoring failures: used where nobody can be told.
     pub fn kill_group(&self) {
         if let Err(e) = self.signal_group(libc::SIGKILL) {
-            tracing::warn!(process = %self.id, error = %e, "failed to kill process group");
+            tracing::warn!(process = ?self.id, error = %e, "failed to kill process group");
         }
     }
 
@@ -216,7 +216,7 @@ impl ManagedProcess {
                 Ok(true)
             }
             Err(e) => {
-                tracing::debug!(process = %self.id, error = %e, "stdin write failed");
+                tracing::debug!(process = ?self.id, error = %e, "stdin write failed");
                 Err(RpcError::stdin_write_failed())
             }
         }

@@ -195,7 +195,7 @@ impl Pump {
             Ok(code) => code,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
             Err(e) => {
-                tracing::warn!(process = %self.process.id, error = %e, "exit status not collectable");
+                tracing::warn!(process = ?self.process.id, error = %e, "exit status not collectable");
                 -1
             }
         };
@@ -262,7 +262,7 @@ impl Pump {
                 return ReadOutcome::Eof
             }
             Err(e) => {
-                tracing::warn!(process = %self.process.id, error = %e, "output read failed");
+                tracing::warn!(process = ?self.process.id, error = %e, "output read failed");
                 return ReadOutcome::Eof;
             }
         };

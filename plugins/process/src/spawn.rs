@@ -37,7 +37,6 @@ use exec_server_core::proto::error::io_error_text;
 use exec_server_core::proto::RpcError;
 use tokio::sync::oneshot;
 
-use crate::admission::{DescriptorReserve, DESCRIPTORS_TO_SPAWN};
 use crate::keeper::{keeper_main, KeeperArgs, Report, KILL_TREE, RECORD_BYTES};
 use crate::spawn_queue::{FairQueue, Owner};
 use crate::sys;
@@ -100,7 +99,8 @@ impl Keeper {
 
     /// Waits for the keeper to exit, reaps it and frees its stack. Blocks.
     fn reap_blocking(self) {
-        if sys::wait_blocking(&self.pidfd).is_ok() {
+        if let Ok(code) = sys::wait_blocking(&self.pidfd) {
+            crate::strays::keeper_reaped(self.pid, crate::strays::left_a_tree(code));
             // SAFETY: the keeper has been reaped; nothing runs on its stack any more.
             unsafe { self.stack.release() };
         }
@@ -122,16 +122,13 @@ impl Spawned {
 pub(crate) enum SpawnError {
     /// A step of the spawn failed.
     Os(io::Error),
-    /// What the spawner would open for the start eats into the descriptor reserve.
-    Refused(RpcError),
 }
 
 impl SpawnError {
-    /// The answer to the `process/start` (PROTOCOL §4.2.3 row 11, or the reserve's refusal).
+    /// The answer to the `process/start` (PROTOCOL §4.2.3 row 11).
     pub(crate) fn into_rpc(self) -> RpcError {
         match self {
             SpawnError::Os(error) => RpcError::spawn_failed(io_error_text(&error)),
-            SpawnError::Refused(refusal) => refusal,
         }
     }
 
@@ -139,15 +136,12 @@ impl SpawnError {
     fn raw_os_error(&self) -> Option<i32> {
         match self {
             SpawnError::Os(error) => error.raw_os_error(),
-            SpawnError::Refused(_) => None,
         }
     }
 }
 
 struct Job {
     command: Command,
-    /// Checked before the spawner opens anything for the job; `None`: no reserve.
-    reserve: Option<DescriptorReserve>,
     reply: oneshot::Sender<Result<Spawned, SpawnError>>,
 }
 
@@ -168,6 +162,7 @@ impl Spawner {
         static SPAWNER: OnceLock<Result<Spawner, String>> = OnceLock::new();
         SPAWNER
             .get_or_init(|| {
+                crate::strays::become_subreaper();
                 let jobs = Arc::new(FairQueue::new());
                 let mut started = 0;
                 let mut failure = None;
@@ -191,20 +186,16 @@ impl Spawner {
     }
 
     /// Creates the keeper and target described by `command`, in `owner`'s turn (one key
-    /// per session), unless the descriptors that takes would eat into `reserve`. If the
+    /// per session). The descriptors it opens were charged to the session's budget by the
+    /// start (see `admission`). If the
     /// caller stops waiting, the spawner kills the tree and reaps the keeper itself.
     pub(crate) async fn spawn(
         &self,
         owner: Owner,
         command: Command,
-        reserve: Option<DescriptorReserve>,
     ) -> Result<Spawned, SpawnError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
-            command,
-            reserve,
-            reply,
-        };
+        let job = Job { command, reply };
         self.jobs.push(owner, job);
         answer
             .await
@@ -216,16 +207,12 @@ fn spawner_main(jobs: &FairQueue<Job>) {
     // SAFETY: getpid has no preconditions.
     let server_pid = unsafe { libc::getpid() };
     loop {
-        let Job {
-            command,
-            reserve,
-            reply,
-        } = jobs.pop();
+        let Job { command, reply } = jobs.pop();
         // The start was cancelled while it waited: nothing to create.
         if reply.is_closed() {
             continue;
         }
-        let result = spawn_child(server_pid, &command, reserve.as_ref());
+        let result = spawn_child(server_pid, &command);
         // Closes the child's ends of its pipes and terminal in the server.
         drop(command);
         if let Err(Ok(orphan)) = reply.send(result) {
@@ -353,16 +340,7 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
         .collect()
 }
 
-fn spawn_child(
-    server_pid: libc::pid_t,
-    command: &Command,
-    reserve: Option<&DescriptorReserve>,
-) -> Result<Spawned, SpawnError> {
-    // Until the status pipe and the pidfd are open.
-    let admitted = reserve
-        .map(|reserve| reserve.admit(DESCRIPTORS_TO_SPAWN))
-        .transpose()
-        .map_err(SpawnError::Refused)?;
+fn spawn_child(server_pid: libc::pid_t, command: &Command) -> Result<Spawned, SpawnError> {
     let stack = KeeperStack::take().map_err(SpawnError::Os)?;
     let pipe = sys::pipe();
     let (status_read, status_write) = match pipe {
@@ -410,6 +388,8 @@ fn spawn_child(
     // changes this thread's mask, which we restore below. Blocking everything (as glibc's
     // posix_spawn does) guarantees that no signal handler of the server ever runs in the
     // keeper, which keeps every signal blocked for good.
+    // A sweep for strays must not see the keeper before it is recorded.
+    let creating = crate::strays::creating();
     let (pid, clone_errno) = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut previous: libc::sigset_t = std::mem::zeroed();
@@ -429,7 +409,10 @@ fn spawn_child(
         libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
         (pid, clone_errno)
     };
-    drop(admitted);
+    if pid >= 0 {
+        crate::strays::keeper_started(pid);
+    }
+    drop(creating);
     if pid < 0 {
         // SAFETY: no keeper was created.
         unsafe { stack.release() };
@@ -538,7 +521,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let result = rt.block_on(Spawner::global().unwrap().spawn(0, command, None));
+        let result = rt.block_on(Spawner::global().unwrap().spawn(0, command));
         let mut out = Vec::new();
         std::fs::File::from(out_r).read_to_end(&mut out).unwrap();
         (result, out)
@@ -612,7 +595,7 @@ mod tests {
             .build()
             .unwrap();
         let spawned = rt
-            .block_on(Spawner::global().unwrap().spawn(0, command, None))
+            .block_on(Spawner::global().unwrap().spawn(0, command))
             .unwrap();
         let mut line = String::new();
         std::io::BufRead::read_line(

@@ -1,5 +1,5 @@
 //! `process/start` (PROTOCOL §4.2): validation in the spec's order, id reservation within
-//! the session's process quota, the descriptor reserve, spawn, and hand-over of the child's
+//! the session's process quota, the charge to its descriptor budget, spawn, and hand-over of the child's
 //! streams to its [`Pump`].
 
 use std::ffi::{CString, OsString};
@@ -23,10 +23,12 @@ use tokio::io::Interest;
 use exec_server_sandbox::exec::exchange::{exchange, ControlSocket, LaunchOutcome};
 use exec_server_sandbox::exec::{resolve_program, LaunchReport, LaunchRequest, SANDBOX_EXEC_ARG1};
 use exec_server_sandbox::fs_helper::runner::ENV_ALLOW_LIST;
-use exec_server_sandbox::narrow::NarrowingOutcome;
+use exec_server_sandbox::lookalikes;
+use exec_server_sandbox::narrow::{NarrowingOutcome, ProcessNarrowing};
+use exec_server_sandbox::placeholders::{self, Placeholders};
 use exec_server_sandbox::policy::{Network, SandboxDecision, SandboxPolicy};
 
-use crate::admission::{DESCRIPTORS_TO_PREPARE, PROCESSES};
+use crate::admission::{self, DESCRIPTORS_HELD, PROCESSES};
 use crate::keepers::LiveKeeper;
 use crate::managed::{ManagedProcess, ProcessParts, StdinMode};
 use crate::pump::{wait_exit, OutputSource, Pump};
@@ -47,12 +49,13 @@ pub(crate) async fn start(
     let mut reservation = table.reserve(&params.process_id, || {
         PROCESSES.acquire(cx.session(), limit, 1)
     })?;
-    let mut prepared = {
-        let _admitted = plugin.descriptors.admit(DESCRIPTORS_TO_PREPARE)?;
-        prepare(&plugin, &params, &cwd, size, decision.policy())
-            .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?
-    };
+    // Charged before anything is opened; the lease shrinks to what the process keeps
+    // once it is spawned, and lives with its quota share until the keeper is reaped.
+    let mut descriptors = admission::charge_start(cx.session())?;
+    let mut prepared = prepare(&plugin, &params, &cwd, size, decision.policy())
+        .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
     let launch = prepared.launch.take();
+    let placeholders = hold_placeholders(&plugin, launch.as_ref(), decision.policy())?;
     let spawner = Spawner::global().map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
     let spawned = tokio::select! {
         biased;
@@ -61,7 +64,7 @@ pub(crate) async fn start(
             // child it created.
             return Err(RpcError::start_cancelled(&params.process_id));
         }
-        spawned = spawner.spawn(table.spawn_owner, prepared.command, Some(plugin.descriptors.clone())) => {
+        spawned = spawner.spawn(table.spawn_owner, prepared.command) => {
             spawned.map_err(SpawnError::into_rpc)?
         }
     };
@@ -72,7 +75,13 @@ pub(crate) async fn start(
     } = spawned;
     // From here on the keeper dies with the session and is reaped when it exits; its tree
     // holds the process's share of the quota until then.
-    let keeper = table.keepers.adopt(keeper, reservation.take_share());
+    let mut share = reservation.take_share();
+    if let Some(share) = share.as_mut() {
+        // The child's ends of its pipes are closed in the server once it is spawned.
+        descriptors.shrink_to(DESCRIPTORS_HELD);
+        share.hold_descriptors(descriptors);
+    }
+    let keeper = table.keepers.adopt(keeper, share, placeholders);
     let status =
         match sys::set_nonblocking(&status).and_then(|()| register(status, Interest::READABLE)) {
             Ok(status) => status,
@@ -113,7 +122,7 @@ pub(crate) async fn start(
         process.kill_tree();
         return Err(e);
     }
-    tracing::debug!(process = %process.id, pid, "process started");
+    tracing::debug!(process = ?process.id, pid, "process started");
     let pump = Pump {
         process,
         session: Arc::clone(cx.session()),
@@ -134,6 +143,28 @@ pub(crate) async fn start(
     })
 }
 
+/// Holds the policy's missing read-only carve-outs for a sandboxed start whose narrowing
+/// mounts them ([`placeholders`]).
+fn hold_placeholders(
+    plugin: &ProcessPlugin,
+    launch: Option<&Launch>,
+    policy: Option<&SandboxPolicy>,
+) -> Result<Placeholders, RpcError> {
+    let narrowing = plugin.sandbox.config().process_narrowing;
+    match (launch, policy) {
+        (Some(_), Some(policy)) if narrowing == ProcessNarrowing::MountNamespace => {
+            placeholders::hold(policy).map_err(|e| {
+                RpcError::process_sandbox_prepare(format!(
+                    "read-only carve-out {} cannot be protected: {}",
+                    e.path.display(),
+                    io_error_text(&e.error)
+                ))
+            })
+        }
+        _ => Ok(Placeholders::default()),
+    }
+}
+
 /// The server's half of a sandboxed start (SANDBOX.md §8.2 steps 4–5): the launch line,
 /// then the launcher's report. On failure the launcher is killed if needed, and its exit
 /// status collected from its keeper.
@@ -141,7 +172,7 @@ async fn confine(
     plugin: &ProcessPlugin,
     mut launch: Launch,
     pid: libc::pid_t,
-    keeper: &LiveKeeper,
+    keeper: &Arc<LiveKeeper>,
     status: &AsyncFd<OwnedFd>,
 ) -> Result<LaunchReport, RpcError> {
     let timeout = plugin.sandbox.helper_timeout();
@@ -188,7 +219,7 @@ fn warn_about_weaker_confinement(
         if let Some(policy) = policy {
             if !policy.read_only.is_empty() || !policy.denied_paths.is_empty() {
                 tracing::warn!(
-                    process = %process_id,
+                    process = ?process_id,
                     "mount narrowing skipped: carve-outs and deny entries are not enforced for this process"
                 );
             }
@@ -204,7 +235,7 @@ fn warn_about_weaker_confinement(
     let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
     if !warned.contains(&text) {
         tracing::warn!(
-            process = %process_id,
+            process = ?process_id,
             missing = %text,
             "sandboxed process runs with weaker isolation than intended (the kernel refused it); Landlock still confines it"
         );
@@ -232,6 +263,12 @@ fn validate(
     }
     let cwd =
         parse_path(&params.cwd).map_err(|e| RpcError::invalid_cwd(&params.cwd, e.reason()))?;
+    // A `cwd` spelled like a name that is not UTF-8 could start the process elsewhere
+    // than in the directory the client listed.
+    if lookalikes::may_be_ambiguous(&params.cwd) && lookalikes::is_ambiguous(&cwd, lookalikes::list)
+    {
+        return Err(RpcError::ambiguous_path(&params.cwd));
+    }
     let size = match params.size {
         Some(size) if params.tty && (size.rows == 0 || size.cols == 0) => {
             return Err(RpcError::zero_start_size())

@@ -198,7 +198,7 @@ pub async fn drive_stream(
                 }
                 Some(StreamEvent::Frame(frame)) => {
                     if let Some(Body::Reset(r)) = &frame.body {
-                        break StreamEnd::ResetReceived(proto::truncate_for_log(&r.reason).to_owned());
+                        break StreamEnd::ResetReceived(proto::truncate_for_log(&r.reason));
                     }
                     if let Err(reason) = machine.handle_frame(&frame, Instant::now()) {
                         break StreamEnd::ResetSent(reason);

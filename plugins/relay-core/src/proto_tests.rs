@@ -177,3 +177,16 @@ fn reset_reasons_parse_leniently() {
         assert_eq!(ResetReason::parse(r.as_str()), r);
     }
 }
+
+#[test]
+fn peer_text_in_logs_is_cut_and_cannot_start_a_line() {
+    let forged = "reason\n2026-01-01T00:00:00Z  INFO forged line \u{1b}[31m";
+    let logged = truncate_for_log(forged);
+    assert!(
+        !logged.contains('\n') && !logged.contains('\u{1b}'),
+        "{logged}"
+    );
+    assert!(logged.starts_with("reason\\n"));
+    let long = "é".repeat(200);
+    assert!(truncate_for_log(&long).len() <= 256);
+}

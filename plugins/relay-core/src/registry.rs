@@ -393,7 +393,7 @@ fn error_body(bytes: &[u8], show: bool) -> (Option<String>, String) {
     let code = parsed
         .as_ref()
         .and_then(|v| v["error"]["code"].as_str())
-        .map(|c| crate::proto::truncate_for_log(c).to_owned());
+        .map(crate::proto::truncate_for_log);
     if !show {
         return (code, "(body not shown)".into());
     }

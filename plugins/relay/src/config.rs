@@ -62,7 +62,12 @@ pub struct RelayConfig {
     pub handshake_timeout_ms: u64,
     pub max_streams: usize,
     pub max_pending_validations: usize,
-    pub max_failed_handshakes: usize,
+    /// Failed handshakes on one rendezvous connection after which the executor logs a
+    /// warning (and again at each doubling). A failed handshake only ever resets its own
+    /// stream; the older name `max_failed_handshakes` closed the connection and is still
+    /// accepted, with this meaning.
+    #[serde(alias = "max_failed_handshakes")]
+    pub warn_failed_handshakes: usize,
     pub inbound_queue_messages: usize,
     pub inbound_queue_bytes: usize,
     /// Forward mode (`exec-server forward --connect`): each stream is copied to its own
@@ -99,7 +104,7 @@ impl Default for RelayConfig {
             handshake_timeout_ms: 15_000,
             max_streams: 128,
             max_pending_validations: 32,
-            max_failed_handshakes: 8,
+            warn_failed_handshakes: 8,
             inbound_queue_messages: 128,
             inbound_queue_bytes: 16_777_216,
             forward_url: None,
@@ -215,8 +220,8 @@ impl RelayConfig {
                 relay.max_pending_validations as u64,
             ),
             (
-                "relay.max_failed_handshakes",
-                relay.max_failed_handshakes as u64,
+                "relay.warn_failed_handshakes",
+                relay.warn_failed_handshakes as u64,
             ),
             (
                 "relay.inbound_queue_messages",

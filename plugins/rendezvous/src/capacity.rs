@@ -231,8 +231,7 @@ impl Capacity {
         Gauge::new(
             self.harness_sockets_per_environment,
             Refusal::EnvironmentHarnessSockets {
-                environment: exec_server_relay_core::proto::truncate_for_log(environment)
-                    .to_owned(),
+                environment: exec_server_relay_core::proto::truncate_for_log(environment),
                 max: self.harness_sockets_per_environment,
             },
         )

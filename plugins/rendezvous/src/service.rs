@@ -860,7 +860,7 @@ async fn validate(
     let stream = headers
         .get(STREAM_ID_HEADER)
         .and_then(|v| v.to_str().ok())
-        .map(|s| exec_server_relay_core::proto::truncate_for_log(s).to_owned())
+        .map(exec_server_relay_core::proto::truncate_for_log)
         .unwrap_or_else(|| "-".to_owned());
     let refusal = if reg != current {
         Some("the registration id is not the environment's current one")

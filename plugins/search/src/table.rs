@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use exec_server_core::proto::RpcError;
-use exec_server_core::{Quota, QuotaLease, Session, SessionState};
+use exec_server_core::{descriptors, Quota, QuotaLease, Session, SessionState};
 use tokio_util::sync::CancellationToken;
 
 use crate::wire::search_already_running;
@@ -18,6 +18,11 @@ pub(crate) static SEARCHES: Quota = Quota::new(
     "running searches",
     "search.max_concurrent_searches",
 );
+
+/// Descriptors a search thread holds at most: the directories the `ignore` walker keeps
+/// open (`walkdir`'s default `max_open`, 10) and the file being searched. Charged to the session's descriptor
+/// budget with the search's quota unit, and given back with it when the thread returns.
+const SEARCH_DESCRIPTORS: u64 = 11;
 
 /// One registered search. It stays in the table until its `search/done` is queued (or
 /// could not be sent), so its id is not reused while notifications for it may still come.
@@ -33,7 +38,8 @@ pub(crate) struct RunningSearch {
     /// Cancelled after `search/done` was queued (or could not be sent) and the entry was
     /// removed; `search/cancel` waits for it.
     pub(crate) done_queued: CancellationToken,
-    /// The search's unit of [`SEARCHES`], given back once the search thread has returned.
+    /// The search's unit of [`SEARCHES`] and its descriptors, given back once the search
+    /// thread has returned.
     lease: Mutex<Option<QuotaLease>>,
 }
 
@@ -91,7 +97,12 @@ impl SessionSearches {
                     Some(search) if search.is_finishing() => Arc::clone(search),
                     Some(_) => return Err(search_already_running(search_id)),
                     None => {
-                        let lease = SEARCHES.acquire(session, limit, 1)?;
+                        let mut lease = SEARCHES.acquire(session, limit, 1)?;
+                        lease.hold_descriptors(descriptors::charge(
+                            session.id(),
+                            SEARCH_DESCRIPTORS,
+                            "a search",
+                        )?);
                         let search = Arc::new(RunningSearch {
                             lease: Mutex::new(Some(lease)),
                             ..RunningSearch::default()

@@ -18,7 +18,8 @@
 //! ```
 //!
 //! Conditional rules load argument 0 (its low 32 bits: the socket domain is an `int`, and
-//! `clone` only uses the low half of its flags) and decide between allow and the errno.
+//! `clone` only uses the low half of its flags), and for sockets argument 1 (the type), and
+//! decide between allow and the errno.
 
 use seccompiler::{sock_filter, BpfProgram};
 
@@ -29,8 +30,11 @@ pub(crate) const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Condition {
     Always,
-    /// Argument 0 (the socket domain), as a 32-bit value, is not `AF_UNIX`.
-    UnlessAfUnix,
+    /// Unless argument 0 (the socket domain, as a 32-bit value) is `AF_UNIX` and argument
+    /// 1 (the type, without its flags) is `SOCK_STREAM` or `SOCK_SEQPACKET`. UNIX datagram
+    /// sockets (and `SOCK_RAW`, which the kernel turns into one) can address any bound
+    /// socket by path with `sendmsg`, which no filter can read; the other two cannot.
+    UnlessUnixStream,
     /// Argument 0 (`clone`'s flags) contains `CLONE_NEWUSER`.
     NewUserNamespace,
 }
@@ -61,6 +65,10 @@ const NR_OFFSET: u32 = 0;
 const ARCH_OFFSET: u32 = 4;
 /// The low 32 bits of argument 0 (both supported architectures are little-endian).
 const ARG0_LOW_OFFSET: u32 = 16;
+/// The low 32 bits of argument 1.
+const ARG1_LOW_OFFSET: u32 = 24;
+/// `SOCK_TYPE_MASK`: the socket type without `SOCK_NONBLOCK`/`SOCK_CLOEXEC`.
+const SOCK_TYPE_MASK: u32 = 0xf;
 
 pub(crate) const RET_KILL_PROCESS: u32 = 0x8000_0000;
 pub(crate) const RET_ALLOW: u32 = 0x7fff_0000;
@@ -131,15 +139,21 @@ fn push_rule(insns: &mut Vec<Insn>, rule: &Rule) {
     let deny = Target::Errno(rule.errno);
     match rule.condition {
         Condition::Always => insns.push(Insn::Jump(JEQ_K, rule.number, deny, Target::Next)),
-        Condition::UnlessAfUnix => {
+        Condition::UnlessUnixStream => {
             insns.push(Insn::Jump(
                 JEQ_K,
                 rule.number,
                 Target::Next,
-                Target::Skip(2),
+                Target::Skip(6),
             ));
             insns.push(Insn::Stmt(LD_W_ABS, ARG0_LOW_OFFSET));
-            insns.push(Insn::Jump(JEQ_K, libc::AF_UNIX as u32, Target::Allow, deny));
+            insns.push(Insn::Jump(JEQ_K, libc::AF_UNIX as u32, Target::Next, deny));
+            insns.push(Insn::Stmt(LD_W_ABS, ARG1_LOW_OFFSET));
+            insns.push(Insn::Stmt(AND_K, SOCK_TYPE_MASK));
+            let stream = libc::SOCK_STREAM as u32;
+            insns.push(Insn::Jump(JEQ_K, stream, Target::Allow, Target::Next));
+            let seqpacket = libc::SOCK_SEQPACKET as u32;
+            insns.push(Insn::Jump(JEQ_K, seqpacket, Target::Allow, deny));
         }
         Condition::NewUserNamespace => {
             let flag = libc::CLONE_NEWUSER as u32;
@@ -226,10 +240,17 @@ fn resolve(insns: &[Insn], errnos: &[i32]) -> Result<BpfProgram, String> {
 /// Runs `program` as the kernel would on one system call: the returned action. For tests.
 #[cfg(test)]
 pub(crate) fn run(program: &BpfProgram, arch: u32, nr: u32, arg0: u64) -> u32 {
+    run_with(program, arch, nr, [arg0, 0])
+}
+
+/// [`run`] with the first two arguments.
+#[cfg(test)]
+pub(crate) fn run_with(program: &BpfProgram, arch: u32, nr: u32, args: [u64; 2]) -> u32 {
     let mut data = [0u8; 64];
     data[0..4].copy_from_slice(&nr.to_ne_bytes());
     data[4..8].copy_from_slice(&arch.to_ne_bytes());
-    data[16..24].copy_from_slice(&arg0.to_ne_bytes());
+    data[16..24].copy_from_slice(&args[0].to_ne_bytes());
+    data[24..32].copy_from_slice(&args[1].to_ne_bytes());
     let mut a: u32 = 0;
     let mut pc = 0usize;
     loop {
@@ -272,7 +293,7 @@ mod tests {
         };
         vec![
             rule(101, Condition::Always),
-            rule(41, Condition::UnlessAfUnix),
+            rule(41, Condition::UnlessUnixStream),
             rule(56, Condition::NewUserNamespace),
             Rule {
                 number: 435,
@@ -280,7 +301,7 @@ mod tests {
                 errno: libc::ENOSYS,
             },
             rule(X32_SYSCALL_BIT | 101, Condition::Always),
-            rule(X32_SYSCALL_BIT | 41, Condition::UnlessAfUnix),
+            rule(X32_SYSCALL_BIT | 41, Condition::UnlessUnixStream),
         ]
     }
 
@@ -291,18 +312,40 @@ mod tests {
         let x32 = X32_SYSCALL_BIT;
         assert_eq!(run(&program, ARCH, 101, 0), eperm);
         assert_eq!(run(&program, ARCH, 102, 0), RET_ALLOW);
-        assert_eq!(run(&program, ARCH, 41, libc::AF_UNIX as u64), RET_ALLOW);
-        assert_eq!(run(&program, ARCH, 41, libc::AF_INET as u64), eperm);
-        // Only the low 32 bits of the domain count.
-        assert_eq!(run(&program, ARCH, 41, (1 << 32) | 1), RET_ALLOW);
+        let unix = libc::AF_UNIX as u64;
+        let stream = libc::SOCK_STREAM as u64;
+        let seqpacket = libc::SOCK_SEQPACKET as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
+        assert_eq!(run_with(&program, ARCH, 41, [unix, stream]), RET_ALLOW);
+        assert_eq!(
+            run_with(&program, ARCH, 41, [unix, seqpacket | flags]),
+            RET_ALLOW
+        );
+        assert_eq!(run_with(&program, ARCH, 41, [unix, dgram]), eperm);
+        assert_eq!(run_with(&program, ARCH, 41, [unix, dgram | flags]), eperm);
+        assert_eq!(
+            run_with(&program, ARCH, 41, [unix, libc::SOCK_RAW as u64]),
+            eperm
+        );
+        assert_eq!(
+            run_with(&program, ARCH, 41, [libc::AF_INET as u64, stream]),
+            eperm
+        );
+        // Only the low 32 bits of the domain and the type count.
+        assert_eq!(
+            run_with(&program, ARCH, 41, [(1 << 32) | 1, (1 << 32) | 1]),
+            RET_ALLOW
+        );
         let newuser = libc::CLONE_NEWUSER as u64;
         assert_eq!(run(&program, ARCH, 56, newuser | 17), eperm);
         assert_eq!(run(&program, ARCH, 56, 17), RET_ALLOW);
         assert_eq!(run(&program, ARCH, 435, 0), ret_errno(libc::ENOSYS));
         assert_eq!(run(&program, ARCH, x32 | 101, 0), eperm);
         assert_eq!(run(&program, ARCH, x32 | 102, 0), RET_ALLOW);
-        assert_eq!(run(&program, ARCH, x32 | 41, 2), eperm);
-        assert_eq!(run(&program, ARCH, x32 | 41, 1), RET_ALLOW);
+        assert_eq!(run_with(&program, ARCH, x32 | 41, [2, stream]), eperm);
+        assert_eq!(run_with(&program, ARCH, x32 | 41, [1, stream]), RET_ALLOW);
+        assert_eq!(run_with(&program, ARCH, x32 | 41, [1, dgram]), eperm);
         assert_eq!(run(&program, ARCH, x32 | 56, newuser), RET_ALLOW);
         assert_eq!(run(&program, 0x4000_0003, 101, 0), RET_KILL_PROCESS);
     }
@@ -310,13 +353,13 @@ mod tests {
     #[test]
     fn about_one_instruction_per_number() {
         let program = program(ARCH, &rules()).unwrap();
-        // 4 head, 1 x32 branch, 1+3+4+1 native, 1 allow, 1+3 x32, 1 allow, 1 allow, 2 errnos.
-        assert_eq!(program.len(), 23);
+        // 4 head, 1 x32 branch, 1+7+4+1 native, 1 allow, 1+7 x32, 1 allow, 2 errnos.
+        assert_eq!(program.len(), 31);
         let without_x32: Vec<Rule> = rules()
             .into_iter()
             .filter(|r| r.number & X32_SYSCALL_BIT == 0)
             .collect();
-        assert_eq!(super::program(ARCH, &without_x32).unwrap().len(), 17);
+        assert_eq!(super::program(ARCH, &without_x32).unwrap().len(), 21);
     }
 
     #[test]

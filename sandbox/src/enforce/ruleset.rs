@@ -3,6 +3,7 @@
 //! what it lacks), read and write roots from the policy, fixed device rules, and — when the
 //! network is restricted — TCP rights and the abstract-socket scope; the signal scope always.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use landlock::{
@@ -41,33 +42,48 @@ fn write_rights() -> BitFlags<AccessFs> {
 }
 
 /// Every rule of the ruleset: a path and the rights on it (before the file-only cut).
-pub(crate) fn rules(policy: &SandboxPolicy, kind: HelperKind) -> Vec<(&Path, BitFlags<AccessFs>)> {
+pub(crate) fn rules(
+    policy: &SandboxPolicy,
+    kind: HelperKind,
+) -> Vec<(Cow<'_, Path>, BitFlags<AccessFs>)> {
     let mut read = read_rights();
     if kind == HelperKind::Launcher && policy.network == Network::Enabled {
         read |= AccessFs::ResolveUnix;
     }
-    let mut rules: Vec<(&Path, BitFlags<AccessFs>)> = match &policy.readable {
-        Readable::All => vec![(Path::new("/"), read)],
-        Readable::Roots(roots) => roots.iter().map(|r| (r.as_path(), read)).collect(),
+    let fixed = |path: &'static str| Cow::Borrowed(Path::new(path));
+    let mut rules: Vec<(Cow<'_, Path>, BitFlags<AccessFs>)> = match &policy.readable {
+        Readable::All => vec![(fixed("/"), read)],
+        Readable::Roots(roots) => roots
+            .iter()
+            .map(|r| (Cow::from(r.as_path()), read))
+            .collect(),
     };
     rules.extend(
         policy
             .writable
             .iter()
-            .map(|w| (w.as_path(), write_rights())),
+            .map(|w| (Cow::from(w.as_path()), write_rights())),
     );
     let read_write_device =
         AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
-    rules.push((Path::new("/dev/null"), read_write_device));
+    rules.push((fixed("/dev/null"), read_write_device));
     if kind == HelperKind::Launcher {
         for device in ["/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"] {
-            rules.push((Path::new(device), AccessFs::ReadFile.into()));
+            rules.push((fixed(device), AccessFs::ReadFile.into()));
         }
         let terminal = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
-        rules.push((Path::new("/dev/tty"), terminal));
-        rules.push((Path::new("/dev/ptmx"), terminal));
-        rules.push((Path::new("/dev/pts"), terminal | AccessFs::ReadDir));
-        rules.push((Path::new("/dev/shm"), write_rights()));
+        rules.push((fixed("/dev/tty"), terminal));
+        rules.push((fixed("/dev/ptmx"), terminal));
+        // Only the process's own terminal: `/dev/pts` as a whole holds every other
+        // session's terminals (and the host's), which it could read and write.
+        if let Some(own) = crate::narrow::own_terminal_name() {
+            rules.push((Cow::Owned(Path::new("/dev/pts").join(own)), terminal));
+        }
+        // Only a private `/dev/shm` (`narrow::mount_minimal_dev` makes one): the host's is
+        // shared with every other process.
+        if crate::narrow::has_private_shm() {
+            rules.push((fixed("/dev/shm"), write_rights()));
+        }
     }
     rules
 }
@@ -100,11 +116,11 @@ fn try_restrict_self(
     ruleset = ruleset.scope(Scope::Signal)?;
     let mut created = ruleset.create()?;
     for (path, rights) in rules(policy, kind) {
-        let Ok(fd) = PathFd::new(path) else {
+        let Ok(fd) = PathFd::new(&path) else {
             // It may be created later by an allowed parent.
             continue;
         };
-        let rights = if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        let rights = if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
             rights
         } else {
             rights & AccessFs::from_file(TARGET)

@@ -69,11 +69,11 @@ pub(crate) const DENIED_CALLS: &[DeniedCall] = &[
     call("getsockopt", Group::Network, 55, 209),
     call("setsockopt", Group::Network, 54, 208),
     DeniedCall {
-        condition: Condition::UnlessAfUnix,
+        condition: Condition::UnlessUnixStream,
         ..call("socket", Group::Network, 41, 198)
     },
     DeniedCall {
-        condition: Condition::UnlessAfUnix,
+        condition: Condition::UnlessUnixStream,
         ..call("socketpair", Group::Network, 53, 199)
     },
     call("ptrace", Group::Inspection, 101, 117),

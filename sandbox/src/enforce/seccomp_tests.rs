@@ -284,9 +284,13 @@ fn the_program_decides_every_rule() {
             let number = *number as u32;
             match condition {
                 Condition::Always => assert_eq!(bpf::run(&program, audit, number, 0), eperm),
-                Condition::UnlessAfUnix => {
-                    assert_eq!(bpf::run(&program, audit, number, 2), eperm);
-                    assert_eq!(bpf::run(&program, audit, number, 1), bpf::RET_ALLOW);
+                Condition::UnlessUnixStream => {
+                    let run = |domain, kind| bpf::run_with(&program, audit, number, [domain, kind]);
+                    assert_eq!(run(2, 1), eperm);
+                    assert_eq!(run(1, 1), bpf::RET_ALLOW);
+                    assert_eq!(run(1, 5), bpf::RET_ALLOW);
+                    assert_eq!(run(1, 2), eperm);
+                    assert_eq!(run(1, 3), eperm);
                 }
                 Condition::NewUserNamespace => {
                     let flag = libc::CLONE_NEWUSER as u64;
@@ -305,8 +309,10 @@ fn the_program_decides_every_rule() {
             }
         }
         assert_eq!(bpf::run(&program, 0x4000_0003, 0, 0), bpf::RET_KILL_PROCESS);
+        // One instruction a number, seven for each conditional socket rule, the head and
+        // the returns.
         assert!(
-            program.len() < rules.len() + 40,
+            program.len() < rules.len() + 60,
             "{} instructions",
             program.len()
         );

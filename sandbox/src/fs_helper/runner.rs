@@ -14,7 +14,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_server_core::{FairSlots, SlotPermit};
+use exec_server_core::{descriptors, DescriptorLease, FairSlots, SlotPermit};
 use exec_server_proto::RpcError;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -23,6 +23,13 @@ use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use super::idle::{HelperKey, IdleHelpers};
 use super::{HelperRequest, HelperResponse, FS_HELPER_ARG1, SERVE_ARG};
 use crate::policy::{Enforcement, SandboxPolicy};
+
+/// Descriptors a helper's spawn opens in the server: its three pipes, both ends, and the
+/// pidfd the runtime may wait on. Charged to the session it serves before it is spawned.
+const DESCRIPTORS_TO_SPAWN: u64 = 7;
+/// Descriptors a running (or kept) helper holds: the server's ends of its pipes and its
+/// pidfd.
+const DESCRIPTORS_HELD: u64 = 4;
 
 /// Bytes of the helper's stderr quoted in a failure message.
 pub const STDERR_CAP: usize = 4096;
@@ -144,11 +151,11 @@ impl FsHelperRunner {
         match self.settings.reuse_for {
             Some(reuse_for) => {
                 let key = HelperKey::new(session, policy.to_helper_json(self.settings.enforcement));
-                self.run_in_serving_helper(key, operation, request, &slot, reuse_for)
+                self.run_in_serving_helper(session, key, operation, request, &slot, reuse_for)
                     .await
             }
             None => {
-                self.run_in_own_helper(operation, request, policy, slot)
+                self.run_in_own_helper(session, operation, request, policy, slot)
                     .await
             }
         }
@@ -157,15 +164,18 @@ impl FsHelperRunner {
     /// One helper for this one request (§4).
     async fn run_in_own_helper(
         &self,
+        session: &str,
         operation: &str,
         request: Vec<u8>,
         policy: &SandboxPolicy,
         slot: SlotPermit,
     ) -> Result<Box<RawValue>, RpcError> {
+        let mut descriptors = charge_spawn(session)?;
         let mut child = self
             .command(policy)
             .spawn()
             .map_err(RpcError::fs_helper_spawn_failed)?;
+        descriptors.shrink_to(DESCRIPTORS_HELD);
         let mut stdin = child.stdin.take().expect("stdin is piped");
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
@@ -207,6 +217,7 @@ impl FsHelperRunner {
             }
         };
         drop(slot);
+        drop(descriptors);
         interpret(operation, status, &out, &err)
     }
 
@@ -214,6 +225,7 @@ impl FsHelperRunner {
     /// which waits for the key's next request afterwards if it answered cleanly.
     async fn run_in_serving_helper(
         &self,
+        session: &str,
         key: HelperKey,
         operation: &str,
         mut request: Vec<u8>,
@@ -229,7 +241,10 @@ impl FsHelperRunner {
                 None => {
                     let command =
                         self.command_for(key.policy(), Some(reuse_for + IDLE_EXIT_MARGIN));
-                    (ServingHelper::spawn(command)?, false)
+                    (
+                        ServingHelper::spawn(command, charge_spawn(session)?)?,
+                        false,
+                    )
                 }
             };
             let answer = match tokio::time::timeout(timeout, helper.exchange(&request, limit)).await
@@ -280,6 +295,11 @@ impl FsHelperRunner {
     }
 }
 
+/// Charges a helper's spawn to `session`'s descriptor budget.
+fn charge_spawn(session: &str) -> Result<DescriptorLease, RpcError> {
+    descriptors::charge(session, DESCRIPTORS_TO_SPAWN, "an fs helper")
+}
+
 /// A helper started with `--serve`: its pipes, and its stdout read a line at a time.
 #[derive(Debug)]
 pub(crate) struct ServingHelper {
@@ -287,6 +307,8 @@ pub(crate) struct ServingHelper {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     stderr: ChildStderr,
+    /// Its charge to its session's descriptor budget, kept while it waits to be reused.
+    _descriptors: DescriptorLease,
 }
 
 /// What a serving helper did with one request.
@@ -302,8 +324,9 @@ enum Answer {
 }
 
 impl ServingHelper {
-    fn spawn(mut command: Command) -> Result<Self, RpcError> {
+    fn spawn(mut command: Command, mut descriptors: DescriptorLease) -> Result<Self, RpcError> {
         let mut child = command.spawn().map_err(RpcError::fs_helper_spawn_failed)?;
+        descriptors.shrink_to(DESCRIPTORS_HELD);
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
@@ -312,6 +335,7 @@ impl ServingHelper {
             stdin,
             stdout: BufReader::with_capacity(64 * 1024, stdout),
             stderr,
+            _descriptors: descriptors,
         })
     }
 

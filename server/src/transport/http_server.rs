@@ -10,7 +10,10 @@
 //! * connections whose request head has not arrived (TLS handshakes in progress among them)
 //!   are capped per peer and in total, evicting the oldest ([`super::pending`]);
 //! * open connections are capped at `max_connections`, and a connection whose descriptor
-//!   eats into the `fd_reserve` kept for the server's own work is closed right after accept;
+//!   eats into the `fd_reserve` kept for the server's own work (a check of the descriptor
+//!   numbers the kernel hands out, which sees descriptors nobody is charged for) or that the
+//!   descriptor budget refuses ([`crate::descriptors`]: a connection may not take what live
+//!   sessions are guaranteed) is closed right after accept;
 //! * `accept` failing for lack of descriptors backs off ([`super::accept_backoff`]).
 //!
 //! Every refusal, eviction and time-out is counted in `/metrics`, labelled by listener.
@@ -36,6 +39,7 @@ use tower_service::Service as _;
 
 use super::accept_backoff::{error_label, is_connection_error, AcceptBackoff};
 use super::pending::{Evictions, PendingSlot, PendingTable};
+use crate::descriptors::{self, DescriptorLease};
 use crate::hygiene::DescriptorHeadroom;
 use crate::metrics::{self, Counter, Gauge};
 
@@ -148,6 +152,15 @@ async fn serve(
             refuse(stream, tls.is_some());
             continue;
         };
+        // The socket is charged to the descriptor budget for as long as it is open; a
+        // connection belongs to no session yet, so it may not take what sessions are
+        // guaranteed.
+        let Ok(descriptor) = descriptors::charge_unowned(1, "a connection") else {
+            metrics.refused_descriptor_budget.inc();
+            refusals.refused("the descriptor budget left for connections is taken");
+            refuse(stream, tls.is_some());
+            continue;
+        };
         // Request/response traffic: Nagle + delayed ACK would add ~40 ms.
         let _ = stream.set_nodelay(true);
         let (slot, evictions) = loop {
@@ -166,6 +179,7 @@ async fn serve(
         let stream = GuardedStream {
             stream,
             _open: OpenConnection::new(permit, metrics.open.clone()),
+            _descriptor: descriptor,
         };
         tokio::spawn(serve_connection(
             stream,
@@ -475,6 +489,8 @@ impl Drop for OpenConnection {
 struct GuardedStream {
     stream: TcpStream,
     _open: OpenConnection,
+    /// The socket's charge to the descriptor budget.
+    _descriptor: DescriptorLease,
 }
 
 impl AsyncRead for GuardedStream {
@@ -526,6 +542,7 @@ struct ListenerMetrics {
     accept_errors: [Counter; 3],
     refused_max_connections: Counter,
     refused_fd_reserve: Counter,
+    refused_descriptor_budget: Counter,
     evicted_per_peer: Counter,
     evicted_total: Counter,
     header_timeouts: Counter,
@@ -568,6 +585,7 @@ impl ListenerMetrics {
             ),
             refused_max_connections: refused("max_connections"),
             refused_fd_reserve: refused("fd_reserve"),
+            refused_descriptor_budget: refused("descriptor_budget"),
             evicted_per_peer: evicted("per_peer"),
             evicted_total: evicted("total"),
             header_timeouts: metrics::counter(

@@ -100,7 +100,7 @@ where
     let mut writer = tokio::spawn(write_lines(drain, output));
     let lines = LineReader::new(input, server.core.limits.max_message_bytes);
     let info = ConnectionInfo {
-        transport: "stdio",
+        transport: TRANSPORT,
         parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".into(),
         detach_on_close: false,
         drain_on_end: Some(Duration::from_millis(server.core.connection.stdio_drain_ms)),
@@ -128,25 +128,48 @@ where
 const FINAL_FLUSH: Duration = Duration::from_secs(5);
 
 /// Writes each message followed by `\n`, one flush per batch (so a burst costs one
-/// flush, and a lone message is flushed at once).
+/// flush, and a lone message is flushed at once). Gives up on a peer that accepts none of
+/// it for `connection.stalled_peer_timeout_ms` (each chunk must be taken in that time).
 async fn write_lines<W: AsyncWrite + Unpin>(mut drain: OutboundDrain, output: W) {
     let mut out = BufWriter::with_capacity(64 * 1024, output);
     let mut batch = Vec::new();
     while drain.next_batch(&mut batch).await {
         for frame in batch.drain(..) {
-            if write_frame(&mut out, &frame).await.is_err() {
+            if !write_frame(&mut out, &drain, &frame).await {
                 return;
             }
         }
-        if out.flush().await.is_err() {
+        if !matches!(
+            drain.write_or_give_up(TRANSPORT, out.flush()).await,
+            Some(Ok(()))
+        ) {
             return;
         }
     }
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(out: &mut W, frame: &str) -> std::io::Result<()> {
-    out.write_all(frame.as_bytes()).await?;
-    out.write_all(b"\n").await
+/// This transport's name in logs.
+const TRANSPORT: &str = "stdio";
+
+/// Bytes of a message handed to the output at once: the stall timeout applies to each.
+const WRITE_CHUNK: usize = 256 * 1024;
+
+/// Writes `frame` and its `\n`. `false`: the output failed or the peer was given up on.
+async fn write_frame<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    drain: &OutboundDrain,
+    frame: &str,
+) -> bool {
+    let chunks = frame.as_bytes().chunks(WRITE_CHUNK).chain([&b"\n"[..]]);
+    for chunk in chunks {
+        let written = drain
+            .write_or_give_up(TRANSPORT, out.write_all(chunk))
+            .await;
+        if !matches!(written, Some(Ok(()))) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Splits input into lines without ever buffering more than the line limit: a longer line

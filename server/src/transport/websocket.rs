@@ -33,6 +33,9 @@ const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
 /// Output is written out once this much is buffered (or at each flush); not preallocated.
 const WS_WRITE_BUFFER_BYTES: usize = 16 * 1024;
 
+/// This transport's name in logs.
+const TRANSPORT: &str = "websocket";
+
 /// Close code for a message or frame above the limits (RFC 6455 "message too big").
 const CLOSE_TOO_BIG: u16 = 1009;
 
@@ -205,7 +208,7 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
             })
         });
     let info = ConnectionInfo {
-        transport: "websocket",
+        transport: TRANSPORT,
         parse_error_prefix: format!(
             "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
         ),
@@ -218,6 +221,9 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
     let _ = writer.await;
 }
 
+/// Writes what the connection queues until it ends, giving up on a peer that takes
+/// nothing for `connection.stalled_peer_timeout_ms` (each feed, flush and ping must finish
+/// in that time; tungstenite accepts a message only once the previous one is written).
 async fn write_messages(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut drain: OutboundDrain,
@@ -233,19 +239,13 @@ async fn write_messages(
                 if !more {
                     break;
                 }
-                // Feed the whole batch, then flush once: a burst of notifications costs
-                // one write instead of one per message.
-                for frame in batch.drain(..) {
-                    if sink.feed(Message::Text(frame.into())).await.is_err() {
-                        return;
-                    }
-                }
-                if sink.flush().await.is_err() {
+                if !write_batch(&mut sink, &drain, &mut batch).await {
                     return;
                 }
             }
             _ = ping.tick() => {
-                if sink.send(Message::Ping(Default::default())).await.is_err() {
+                let sent = drain.write_or_give_up(TRANSPORT, sink.send(Message::Ping(Default::default())));
+                if !matches!(sent.await, Some(Ok(()))) {
                     return;
                 }
             }
@@ -256,7 +256,28 @@ async fn write_messages(
             code,
             reason: "message too big".into(),
         };
-        let _ = sink.send(Message::Close(Some(frame))).await;
+        let _ = drain
+            .write_or_give_up(TRANSPORT, sink.send(Message::Close(Some(frame))))
+            .await;
     }
-    let _ = sink.close().await;
+    let _ = drain.write_or_give_up(TRANSPORT, sink.close()).await;
+}
+
+/// Feeds the whole batch, then flushes once: a burst of notifications costs one write
+/// instead of one per message. `false`: the peer is gone or was given up on.
+async fn write_batch(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    drain: &OutboundDrain,
+    batch: &mut Vec<String>,
+) -> bool {
+    for frame in batch.drain(..) {
+        let fed = drain.write_or_give_up(TRANSPORT, sink.feed(Message::Text(frame.into())));
+        if !matches!(fed.await, Some(Ok(()))) {
+            return false;
+        }
+    }
+    matches!(
+        drain.write_or_give_up(TRANSPORT, sink.flush()).await,
+        Some(Ok(()))
+    )
 }

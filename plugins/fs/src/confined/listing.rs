@@ -34,11 +34,14 @@ pub(crate) fn read_directory(
         let Some(kind) = entry_kind(policy, &directory, &approved, &name) else {
             continue;
         };
-        entries.push(DirectoryEntry {
-            file_name: name.to_string_lossy().into_owned(),
-            is_directory: kind == EntryKind::Directory,
-            is_file: kind == EntryKind::File,
-        });
+        // The approved location is where the names were listed, resolved as a URI
+        // means it.
+        entries.push(DirectoryEntry::new(
+            &approved,
+            &name,
+            kind == EntryKind::Directory,
+            kind == EntryKind::File,
+        ));
     }
     Ok(entries)
 }

@@ -12,6 +12,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use exec_server_core::proto::RpcError;
@@ -19,9 +20,9 @@ use exec_server_sandbox::anchored::{open_exact, Directory, EntryKind, Names};
 use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
 use rustix::fs::{Mode, OFlags};
 
-use super::NEW_FILE_MODE;
 use crate::blocking::IoResultExt;
 use crate::copy_data::copy_opened;
+use crate::created_modes;
 
 /// `fs/copy`: the source examined without following its last link.
 pub(crate) fn copy(
@@ -58,10 +59,12 @@ pub(crate) fn copy(
             let destination = policy.approve(destination, true, AccessKind::Write)?;
             let from = parent.open_file(&name, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty());
             let from = from.or_rpc()?;
-            if !from.metadata().or_rpc()?.is_file() {
+            let source = from.metadata().or_rpc()?;
+            if !source.is_file() {
                 return Err(RpcError::copy_unsupported_type());
             }
-            copy_opened(from, create_file(&destination)?, None)
+            let to = create_file(&destination, source.mode())?;
+            copy_opened(from, to, None)
         }
         EntryKind::Other => Err(RpcError::copy_unsupported_type()),
     }
@@ -180,8 +183,9 @@ fn copy_tree(
                     .open_file(&name, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())
                     .or_rpc()?;
                 // Swapped for a special file since it was listed: skipped like one.
-                if from.metadata().or_rpc()?.is_file() {
-                    copy_opened(from, create_file(&target)?, None)?;
+                let source = from.metadata().or_rpc()?;
+                if source.is_file() {
+                    copy_opened(from, create_file(&target, source.mode())?, None)?;
                 }
             }
             EntryKind::Other => {}
@@ -197,10 +201,12 @@ fn make_directory(policy: &SandboxPolicy, location: &Path) -> Result<Directory, 
     Directory::open(location).or_rpc()
 }
 
-/// Opens the checked `location` for writing exactly, creating it if missing; the copy
-/// truncates it once it knows it is not the source itself.
-fn create_file(location: &Path) -> Result<File, RpcError> {
+/// Opens the checked `location` for writing exactly, creating it if missing no wider than
+/// the source (mode `source_mode`); the copy truncates it once it knows it is not the
+/// source itself.
+fn create_file(location: &Path, source_mode: u32) -> Result<File, RpcError> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NONBLOCK;
-    let fd = open_exact(location, flags, Mode::from_raw_mode(NEW_FILE_MODE)).or_rpc()?;
+    let mode = created_modes::copy_creation_mode(source_mode);
+    let fd = open_exact(location, flags, mode).or_rpc()?;
     Ok(File::from(fd))
 }

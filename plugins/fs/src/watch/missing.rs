@@ -16,6 +16,7 @@ use exec_server_core::proto::fs::{WatchMissingParams, WatchMissingResult, MISSIN
 use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::RpcError;
 use exec_server_core::{Call, Session};
+use exec_server_sandbox::placeholders;
 use rustix::fs::inotify::{ReadFlags, WatchFlags};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -174,9 +175,11 @@ fn names_another_host(text: &str) -> bool {
     !host.is_empty() && !host.eq_ignore_ascii_case("localhost")
 }
 
-/// `lstat` succeeds: a dangling link counts as existing.
+/// `lstat` succeeds: a dangling link counts as existing. A carve-out placeholder the
+/// server holds for a sandboxed process does not: the name is only taken inside the
+/// sandbox (see `exec_server_sandbox::placeholders`).
 fn exists(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok()
+    std::fs::symlink_metadata(path).is_ok() && !placeholders::is_held(path)
 }
 
 /// The nearest existing ancestor of a missing `path` and the component below it on the
@@ -226,8 +229,9 @@ fn start(state: &FsState, session: &Arc<Session>, id: u64, plan: &Plan) -> Optio
         let sink: Sink = {
             let fired = Arc::clone(&fired);
             let next = next.clone();
+            let dir = path.clone();
             Arc::new(move |event: &RawEvent| {
-                if triggers(event, next.as_deref()) {
+                if triggers(event, next.as_deref()) && arrived(&dir, event) {
                     fired.notify_one();
                 }
             })
@@ -235,7 +239,7 @@ fn start(state: &FsState, session: &Arc<Session>, id: u64, plan: &Plan) -> Optio
         match hub.add(path, *mask, sink) {
             Ok(watch) => kernel.push(watch),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e,
+                tracing::warn!(path = ?path, error = %e,
                     "metadata watch unavailable; retaining live discovery");
                 return None;
             }
@@ -276,6 +280,16 @@ fn triggers(event: &RawEvent, next: Option<&[OsString]>) -> bool {
             .intersects(ReadFlags::ATTRIB | ReadFlags::MODIFY),
         (None, Some(_)) => false,
     }
+}
+
+/// Whether the name an event in `dir` reports is there now, as [`exists`] sees it: a
+/// carve-out placeholder only a sandboxed process sees as taken, or a name that came and
+/// went before the event was read, did not appear for the client.
+fn arrived(dir: &Path, event: &RawEvent) -> bool {
+    event
+        .name
+        .as_ref()
+        .is_none_or(|name| exists(&dir.join(name)))
 }
 
 /// Waits for the first change, sends the one notification, and ends the watch.

@@ -1,0 +1,207 @@
+//! The modes of files created for a client, shared by the server and the fs helper
+//! (SECURITY.md, "Created with final permissions").
+//!
+//! A file is born no wider than the mode it ends with: whoever opens a file keeps reading
+//! it through that descriptor whatever its mode becomes later, so a file created wide and
+//! narrowed afterwards hands what is written into it to anyone quick enough to open it in
+//! between. Set-id bits are added last, once the owner and the content are final: changing
+//! the owner or writing would clear them, and a half-written set-id file is not the file
+//! that was asked for.
+
+use std::fs::File;
+use std::io;
+
+use rustix::fs::{Gid, Mode, Uid};
+
+/// Read, write and execute for owner, group and others: no set-id or sticky bits.
+const PERMISSION_BITS: u32 = 0o777;
+/// The owner's read, write and execute bits.
+const OWNER_BITS: u32 = 0o700;
+/// Every mode bit `chmod` sets.
+const MODE_BITS: u32 = 0o7777;
+/// What a new file that copies no other file's mode is created with (the umask applies, so
+/// this is also its final mode), as `File::create` does.
+pub(crate) const NEW_FILE_MODE: u32 = 0o666;
+/// The same for a new directory, as `mkdir -p` does.
+pub(crate) const NEW_DIRECTORY_MODE: u32 = 0o777;
+
+/// The mode to create a copy of a file whose mode is `source_mode` with: its permission
+/// bits and no set-id bits, which [`finish_copy`] adds once the content is written.
+pub(crate) fn copy_creation_mode(source_mode: u32) -> Mode {
+    Mode::from_raw_mode(source_mode & PERMISSION_BITS)
+}
+
+/// Before a copy writes into an existing file `to` (mode `to_mode`), narrows it to what
+/// both it and the source allow, so the source's content is never readable there by
+/// anyone the source denies. A file already no wider is left alone (changing a mode needs
+/// ownership even when nothing changes).
+pub(crate) fn narrow_before_copy(to: &File, to_mode: u32, source_mode: u32) -> io::Result<()> {
+    let wider = to_mode & MODE_BITS & !(source_mode & PERMISSION_BITS);
+    if wider == 0 {
+        return Ok(());
+    }
+    let narrowed = to_mode & source_mode & PERMISSION_BITS;
+    rustix::fs::fchmod(to, Mode::from_raw_mode(narrowed)).map_err(io::Error::from)
+}
+
+/// Gives a copy the source's mode once all of its content is in. Set-id bits only come
+/// along where the copy has the source's owner (set-user-id) or group (set-group-id), as
+/// `cp` does: a set-user-id program of another user copied by a root server would
+/// otherwise become a set-user-id *root* program.
+pub(crate) fn finish_copy(to: &File, source: Owner) -> io::Result<()> {
+    let mode = owned_bits(to, source)?;
+    rustix::fs::fchmod(to, Mode::from_raw_mode(mode)).map_err(io::Error::from)
+}
+
+/// Whose a file was, and with which mode: what a copy or a new version may take over.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Owner {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The bits of `owner.mode` that `file` may carry: set-user-id only if `file` belongs to
+/// `owner.uid`, set-group-id only if its group is `owner.gid`.
+fn owned_bits(file: &File, owner: Owner) -> io::Result<u32> {
+    let stat = rustix::fs::fstat(file)?;
+    let mut mode = owner.mode & MODE_BITS;
+    if stat.st_uid != owner.uid {
+        mode &= !SET_USER_ID;
+    }
+    if stat.st_gid != owner.gid {
+        mode &= !SET_GROUP_ID;
+    }
+    Ok(mode)
+}
+
+/// `S_ISUID`.
+const SET_USER_ID: u32 = 0o4000;
+/// `S_ISGID`.
+const SET_GROUP_ID: u32 = 0o2000;
+/// The group's read, write and execute bits.
+const GROUP_BITS: u32 = 0o070;
+
+/// The mode to create a new version of a file with: only the owner bits of the existing
+/// file's mode (`existing_mode`), since the new version belongs to the server's user until
+/// [`adopt`] gives it the existing owner; for a file that does not exist yet, the usual
+/// mode of a new file, which is already its final one.
+pub(crate) fn replacement_creation_mode(existing_mode: Option<u32>) -> Mode {
+    match existing_mode {
+        Some(mode) => Mode::from_raw_mode(mode & OWNER_BITS),
+        None => Mode::from_raw_mode(NEW_FILE_MODE),
+    }
+}
+
+/// Makes `file` (created with [`replacement_creation_mode`]) take the existing file's
+/// owner, where this process may give it away (otherwise it stays the server's user's),
+/// and then its permission bits. The set-id bits are for [`restore_set_id`], once the
+/// content is written.
+/// A new version that could not be given the existing group (an unprivileged server)
+/// loses the group's bits: they were meant for another group.
+pub(crate) fn adopt(file: &File, existing: Owner) -> io::Result<()> {
+    // Only a privileged server may give the file to someone else.
+    let _ = rustix::fs::fchown(
+        file,
+        Some(Uid::from_raw(existing.uid)),
+        Some(Gid::from_raw(existing.gid)),
+    );
+    let mut mode = existing.mode & PERMISSION_BITS;
+    if rustix::fs::fstat(file)?.st_gid != existing.gid {
+        mode &= !GROUP_BITS;
+    }
+    rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from)
+}
+
+/// Adds the set-id and sticky bits of `existing.mode` to `file` (adopted with [`adopt`])
+/// once its content is final, each set-id bit only where `file` did get the existing
+/// owner or group; nothing to do when the mode has none.
+pub(crate) fn restore_set_id(file: &File, existing: Owner) -> io::Result<()> {
+    if existing.mode & MODE_BITS & !PERMISSION_BITS == 0 {
+        return Ok(());
+    }
+    let mut mode = owned_bits(file, existing)?;
+    let current = rustix::fs::fstat(file)?.st_mode & PERMISSION_BITS;
+    // Keep what `adopt` took away from the group's bits.
+    mode = (mode & !PERMISSION_BITS) | current;
+    rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode_of(file: &File) -> u32 {
+        file.metadata().unwrap().permissions().mode() & MODE_BITS
+    }
+
+    #[test]
+    fn creation_modes_are_never_wider_than_the_final_ones() {
+        for mode in [0o600, 0o640, 0o755, 0o4755, 0o2750, 0o1777, 0o000] {
+            let copy = copy_creation_mode(mode).bits();
+            assert_eq!(copy & !mode, 0, "copy of {mode:o} created {copy:o}");
+            assert_eq!(copy & !PERMISSION_BITS, 0, "set-id at creation: {copy:o}");
+            let replacement = replacement_creation_mode(Some(mode)).bits();
+            assert_eq!(replacement & !(mode & OWNER_BITS), 0, "{replacement:o}");
+        }
+        assert_eq!(replacement_creation_mode(None).bits(), NEW_FILE_MODE);
+    }
+
+    #[test]
+    fn a_wider_destination_is_narrowed_and_a_narrower_one_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = File::create(&path).unwrap();
+        file.set_permissions(std::fs::Permissions::from_mode(0o664))
+            .unwrap();
+        narrow_before_copy(&file, 0o100664, 0o600).unwrap();
+        assert_eq!(mode_of(&file), 0o600);
+        narrow_before_copy(&file, 0o100600, 0o644).unwrap();
+        assert_eq!(mode_of(&file), 0o600);
+        let (uid, gid) = ids();
+        let source = |mode| Owner { mode, uid, gid };
+        finish_copy(&file, source(0o100644)).unwrap();
+        assert_eq!(mode_of(&file), 0o644);
+    }
+
+    fn ids() -> (u32, u32) {
+        // SAFETY: geteuid and getegid have no preconditions.
+        unsafe { (libc::geteuid(), libc::getegid()) }
+    }
+
+    #[test]
+    fn set_id_bits_come_only_with_restore_set_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::create(dir.path().join("f")).unwrap();
+        let (uid, gid) = ids();
+        let existing = Owner {
+            mode: 0o4750,
+            uid,
+            gid,
+        };
+        adopt(&file, existing).unwrap();
+        assert_eq!(mode_of(&file), 0o750);
+        restore_set_id(&file, existing).unwrap();
+        assert_eq!(mode_of(&file), 0o4750);
+    }
+
+    #[test]
+    fn set_id_bits_of_someone_else_never_come_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::create(dir.path().join("f")).unwrap();
+        let (uid, gid) = ids();
+        // A source of another user and group: the copy keeps its permission bits only.
+        let foreign = Owner {
+            mode: 0o106755,
+            uid: uid.wrapping_add(1),
+            gid: gid.wrapping_add(1),
+        };
+        finish_copy(&file, foreign).unwrap();
+        assert_eq!(mode_of(&file), 0o755);
+        let own_group = Owner { gid, ..foreign };
+        finish_copy(&file, own_group).unwrap();
+        assert_eq!(mode_of(&file), 0o2755);
+    }
+}

@@ -1,0 +1,729 @@
+//! Every file the server or the fs helper creates for a client is born no wider than the
+//! mode it ends with (SECURITY.md, "Created with final permissions").
+//!
+//! The attacker is another local user (uid 65534) who watches a directory with inotify,
+//! opens every file the moment it appears and keeps the descriptor: whatever is written
+//! into that file later, and whatever its mode becomes, it reads through the descriptor.
+//! A secret replaced with `fs/open` mode `replace` or copied with `fs/copy` (a file, a
+//! tree, through the fs helper too) must never be reachable that way. The race is run as
+//! the attacker would run it; the same property is then checked deterministically: every
+//! file is seen at the instant it is first opened (a fanotify permission event holds the
+//! creating open until the mode is read), and a copy that fails half-way leaves nothing
+//! wider than its source.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io::Write as _;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+
+use super::process_tree::unique_digits;
+use crate::sandbox::{entry, landlock_available, managed, root_read};
+use crate::util::*;
+
+/// The other local user.
+const NOBODY: u32 = 65534;
+/// Rounds of each operation the watcher races against.
+const ROUNDS: usize = 40;
+/// Set (to the directory to watch) in the test binary re-executed as the watcher.
+const WATCH_DIR: &str = "EXEC_SERVER_TEST_CREATED_MODES_WATCH";
+/// The text the watcher looks for in what it opened.
+const WATCH_SECRET: &str = "EXEC_SERVER_TEST_CREATED_MODES_SECRET";
+/// The line the watcher prints once its watch is in place.
+const READY: &str = "created-modes-watcher-ready";
+/// The prefix of a line that names a file the watcher read the secret from.
+const LEAK: &str = "created-modes-leak ";
+/// How long the watcher runs at most, whatever happens to the test.
+const WATCHER_LIFETIME: Duration = Duration::from_secs(300);
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn secret() -> String {
+    format!("SECRET-{}-{}", unique_digits(), "s".repeat(48))
+}
+
+/// A directory that uid 65534 may enter and list, holding `source`, a 0600 file with
+/// `secret`, and `tree/`, a directory holding the same secret as `tree/key` (0600).
+fn shared_dir(secret: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("exec-server-modes-")
+        .tempdir()
+        .unwrap();
+    let path = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for file in [path.join("source"), path.join("tree/key")] {
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, secret).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    std::fs::set_permissions(path.join("tree"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, path)
+}
+
+/// The server on stdio with the usual umask, so that a file created `0666` would be
+/// readable by others whatever umask the test runs with; `fsize`, when given, caps the
+/// size of the files it (and every helper it starts) may write, failing writes past it.
+async fn server(fsize: Option<u64>) -> Client {
+    let mut command = server_command(&["--listen", "stdio"]);
+    // SAFETY: between fork and exec the closure only makes async-signal-safe calls
+    // (umask, signal, setrlimit) and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(move || {
+            libc::umask(0o022);
+            if let Some(bytes) = fsize {
+                // A write past the limit fails with EFBIG instead of killing the process.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let limit = libc::rlimit {
+                    rlim_cur: bytes,
+                    rlim_max: bytes,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut client = Client::stdio_with(command);
+    client.handshake().await;
+    client
+}
+
+fn uri(path: &Path) -> String {
+    exec_server_proto::path::to_file_uri(path)
+}
+
+/// Replaces `target` with `content` through a `replace` handle.
+async fn replace(client: &mut Client, id: &str, target: &Path, content: &str) {
+    let open = json!({"handleId": id, "path": uri(target), "mode": "replace"});
+    client.call("fs/open", open).await;
+    let block = json!({"handleId": id, "offset": 0, "chunk": b64(content)});
+    client.call("fs/writeBlock", block).await;
+    client.call("fs/close", json!({"handleId": id})).await;
+}
+
+async fn copy(
+    client: &mut Client,
+    from: &Path,
+    to: &Path,
+    sandbox: Option<&Value>,
+) -> Result<Value, Value> {
+    let mut params =
+        json!({"sourcePath": uri(from), "destinationPath": uri(to), "recursive": true});
+    if let Some(policy) = sandbox {
+        params["sandbox"] = policy.clone();
+    }
+    client.request("fs/copy", params).await
+}
+
+/// `root: read` and `dir: write`: the copy runs in the fs helper.
+fn helper_policy(dir: &Path) -> Value {
+    managed(vec![root_read(), entry(dir.to_str().unwrap(), "write")])
+}
+
+// ---- the watcher: the test binary re-executed as uid 65534 ----------------------------------
+
+/// The attacker: watches `WATCH_DIR` (and every directory created in it) with inotify,
+/// opens each new file for reading at once and keeps it open; when its standard input
+/// closes, reads what every kept file holds now and prints a [`LEAK`] line for each that
+/// holds the secret.
+#[test]
+fn watcher() {
+    let (Some(dir), Some(secret)) = (std::env::var_os(WATCH_DIR), std::env::var_os(WATCH_SECRET))
+    else {
+        return;
+    };
+    let mut watch = Inotify::new();
+    watch.add(Path::new(&dir));
+    println!("{READY}");
+    std::io::stdout().flush().unwrap();
+    let mut kept: Vec<(PathBuf, File)> = Vec::new();
+    let deadline = Instant::now() + WATCHER_LIFETIME;
+    while Instant::now() < deadline && !stdin_closed() {
+        for (path, is_dir) in watch.created() {
+            if is_dir {
+                watch.add(&path);
+                // Files made before the watch was in place.
+                for entry in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                    kept.extend(open_for_reading(&entry.path()));
+                }
+            } else {
+                kept.extend(open_for_reading(&path));
+            }
+        }
+    }
+    for (path, file) in &kept {
+        let mut content = vec![0u8; 4096];
+        let n = file.read_at(&mut content, 0).unwrap_or(0);
+        if content[..n]
+            .windows(secret.len())
+            .any(|w| w == secret.as_bytes())
+        {
+            println!("{LEAK}{}", path.display());
+        }
+    }
+    println!("created-modes-watcher-opened {}", kept.len());
+}
+
+/// `path` opened for reading, never following a link nor waiting on a FIFO.
+fn open_for_reading(path: &Path) -> Option<(PathBuf, File)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    Some((path.to_path_buf(), file))
+}
+
+/// Whether the test has closed the watcher's standard input (polled without waiting).
+fn stdin_closed() -> bool {
+    let mut fds = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the length given.
+    let ready = unsafe { libc::poll(&mut fds, 1, 0) };
+    ready > 0 && fds.revents & (libc::POLLIN | libc::POLLHUP) != 0
+}
+
+/// An inotify instance reporting `IN_CREATE` in the directories added to it.
+struct Inotify {
+    fd: OwnedFd,
+    dirs: Vec<(i32, PathBuf)>,
+}
+
+impl Inotify {
+    fn new() -> Self {
+        // SAFETY: no pointers; the result is checked before it is owned.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: `fd` is a new descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Self {
+            fd,
+            dirs: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, dir: &Path) {
+        let c_dir = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `c_dir` is a valid NUL-terminated string for the call.
+        let wd = unsafe {
+            libc::inotify_add_watch(self.fd.as_raw_fd(), c_dir.as_ptr(), libc::IN_CREATE)
+        };
+        if wd >= 0 {
+            self.dirs.push((wd, dir.to_path_buf()));
+        }
+    }
+
+    /// What was created since the last call (waiting at most 50 ms for it): each path and
+    /// whether it is a directory.
+    fn created(&self) -> Vec<(PathBuf, bool)> {
+        let mut fds = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the length given.
+        if unsafe { libc::poll(&mut fds, 1, 50) } <= 0 {
+            return Vec::new();
+        }
+        let mut buffer = [0u8; 16 * 1024];
+        // SAFETY: `buffer` is writable for its whole length.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+            )
+        };
+        let mut found = Vec::new();
+        let mut at = 0usize;
+        let header = std::mem::size_of::<libc::inotify_event>();
+        while n > 0 && at + header <= n as usize {
+            // SAFETY: the kernel wrote a whole event header at `at`; it may be unaligned.
+            let event: libc::inotify_event =
+                unsafe { std::ptr::read_unaligned(buffer.as_ptr().add(at).cast()) };
+            let name = &buffer[at + header..at + header + event.len as usize];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if let Some((_, dir)) = self.dirs.iter().find(|(wd, _)| *wd == event.wd) {
+                let is_dir = event.mask & libc::IN_ISDIR != 0;
+                found.push((dir.join(OsStr::from_bytes(name)), is_dir));
+            }
+            at += header + event.len as usize;
+        }
+        found
+    }
+}
+
+/// The watcher process, started as uid 65534 on `dir`.
+struct Watcher {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Watcher {
+    async fn start(dir: &Path, secret: &str) -> Self {
+        let mut command = Command::new("setpriv");
+        command
+            .arg(format!("--reuid={NOBODY}"))
+            .arg(format!("--regid={NOBODY}"))
+            .args(["--clear-groups", "--"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "escape::created_modes::watcher",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(WATCH_DIR, dir)
+            .env(WATCH_SECRET, secret)
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("spawn the watcher");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let ready = async {
+            let mut line = String::new();
+            // libtest prints the test's name on the same line first.
+            while !line.trim_end().ends_with(READY) {
+                line.clear();
+                let n = stdout.read_line(&mut line).await.unwrap();
+                assert!(n > 0, "the watcher ended before its watch was in place");
+            }
+        };
+        tokio::time::timeout(STEP_TIMEOUT, ready)
+            .await
+            .expect("the watcher never got ready");
+        Self { child, stdout }
+    }
+
+    /// Stops the watcher and returns the files it read the secret from.
+    async fn leaks(mut self) -> Vec<String> {
+        drop(self.child.stdin.take());
+        let mut leaks = Vec::new();
+        let mut saw_end = false;
+        let read_all = async {
+            let mut line = String::new();
+            while self.stdout.read_line(&mut line).await.unwrap() > 0 {
+                if let Some(path) = line.trim_end().strip_prefix(LEAK) {
+                    leaks.push(path.to_owned());
+                }
+                saw_end |= line.starts_with("created-modes-watcher-opened ");
+                line.clear();
+            }
+        };
+        tokio::time::timeout(STEP_TIMEOUT, read_all)
+            .await
+            .expect("the watcher did not finish");
+        let status = self.child.wait().await.unwrap();
+        assert!(status.success() && saw_end, "the watcher failed: {status}");
+        leaks
+    }
+}
+
+/// Whether the watcher can run here: it needs root to become uid 65534.
+fn can_watch_as_another_user() -> bool {
+    if !is_root() {
+        eprintln!("SKIP: running the watcher as another user needs root");
+        return false;
+    }
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status();
+    if !setpriv.is_ok_and(|s| s.success()) {
+        eprintln!("SKIP: setpriv is not installed");
+        return false;
+    }
+    true
+}
+
+#[tokio::test]
+async fn a_watching_user_never_reads_a_replaced_secret() {
+    if !can_watch_as_another_user() {
+        return;
+    }
+    let secret = secret();
+    let (_keep, dir) = shared_dir("old content");
+    let target = dir.join("source");
+    let mut client = server(None).await;
+    let watcher = Watcher::start(&dir, &secret).await;
+    for round in 0..ROUNDS {
+        replace(&mut client, &format!("r{round}"), &target, &secret).await;
+        let mode = std::fs::metadata(&target).unwrap().mode();
+        assert_eq!(mode & 0o7777, 0o600, "round {round}");
+    }
+    assert_eq!(watcher.leaks().await, Vec::<String>::new());
+}
+
+/// Copies the secret `source` file and `tree` directory `ROUNDS` times each into fresh
+/// destinations in `dir` while the watcher watches, through `sandbox` when given.
+async fn race_copies(sandbox: bool) {
+    let secret = secret();
+    let (_keep, dir) = shared_dir(&secret);
+    let policy = sandbox.then(|| helper_policy(&dir));
+    let mut client = server(None).await;
+    let watcher = Watcher::start(&dir, &secret).await;
+    for round in 0..ROUNDS {
+        for (from, to) in [
+            ("source", format!("copy-{round}")),
+            ("tree", format!("tree-{round}")),
+        ] {
+            copy(
+                &mut client,
+                &dir.join(from),
+                &dir.join(&to),
+                policy.as_ref(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("copy {from} → {to}: {e}"));
+        }
+        let copied = std::fs::read(dir.join(format!("tree-{round}/key"))).unwrap();
+        assert_eq!(copied, secret.as_bytes());
+    }
+    assert_eq!(watcher.leaks().await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_watching_user_never_reads_a_copied_secret() {
+    if can_watch_as_another_user() {
+        race_copies(false).await;
+    }
+}
+
+#[tokio::test]
+async fn a_watching_user_never_reads_a_secret_copied_by_the_fs_helper() {
+    if can_watch_as_another_user() && landlock_available() {
+        race_copies(true).await;
+    }
+}
+
+// ---- the mode at the instant of creation -----------------------------------------------------
+
+/// A fanotify group holding every open in the marked directories (`FAN_OPEN_PERM`) until
+/// it has recorded the mode of what is opened: for a file just created, the mode it was
+/// born with, before its creator can change it.
+struct OpenRecorder {
+    fd: Arc<OwnedFd>,
+    seen: Arc<Mutex<Vec<(PathBuf, u32)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+const FAN_CLASS_CONTENT: u32 = 0x04;
+const FAN_OPEN_PERM: u64 = 0x0001_0000;
+const FAN_EVENT_ON_CHILD: u64 = 0x0800_0000;
+const FAN_ALLOW: u32 = 0x01;
+
+impl OpenRecorder {
+    /// `None` where fanotify permission events are not available (not root, or a kernel
+    /// built without them).
+    fn start() -> Option<Self> {
+        // SAFETY: no pointers; the result is checked before it is owned.
+        let fd = unsafe {
+            libc::fanotify_init(FAN_CLASS_CONTENT | libc::FAN_CLOEXEC, libc::O_RDONLY as u32)
+        };
+        if fd < 0 {
+            eprintln!("SKIP: fanotify: {}", std::io::Error::last_os_error());
+            return None;
+        }
+        // SAFETY: `fd` is a new descriptor nobody else owns.
+        let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (fd, seen, stop) = (fd.clone(), seen.clone(), stop.clone());
+            std::thread::spawn(move || answer_opens(&fd, &seen, &stop))
+        };
+        Some(Self {
+            fd,
+            seen,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Records the files opened in `dir` from now on.
+    fn mark(&self, dir: &Path) {
+        let c_dir = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `c_dir` is a valid NUL-terminated string for the call.
+        let rc = unsafe {
+            libc::fanotify_mark(
+                self.fd.as_raw_fd(),
+                libc::FAN_MARK_ADD,
+                FAN_OPEN_PERM | FAN_EVENT_ON_CHILD,
+                libc::AT_FDCWD,
+                c_dir.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "fanotify_mark: {}", std::io::Error::last_os_error());
+    }
+
+    /// The mode `path` had when it was first opened (by anyone).
+    #[track_caller]
+    fn first_mode(&self, path: &Path) -> u32 {
+        let seen = self.seen.lock().unwrap();
+        let found = seen.iter().find(|(p, _)| p == path).map(|&(_, mode)| mode);
+        found.unwrap_or_else(|| panic!("{} was never opened: {seen:?}", path.display()))
+    }
+
+    /// The first mode of the one file in `dir` whose name starts with `prefix`.
+    fn first_mode_of_name_starting(&self, dir: &Path, prefix: &str) -> u32 {
+        let seen = self.seen.lock().unwrap();
+        let found = seen.iter().find(|(p, _)| {
+            p.parent() == Some(dir)
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+        });
+        found
+            .unwrap_or_else(|| panic!("no {prefix}* was opened in {}: {seen:?}", dir.display()))
+            .1
+    }
+}
+
+impl Drop for OpenRecorder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Answers every open held by the group `fd` with "allow" after recording the path and
+/// mode of what was opened, until `stop`. The group's descriptor closing (this thread
+/// ending, even by a panic) lets every held open go on.
+fn answer_opens(fd: &OwnedFd, seen: &Mutex<Vec<(PathBuf, u32)>>, stop: &AtomicBool) {
+    let metadata_len = std::mem::size_of::<libc::fanotify_event_metadata>();
+    let mut buffer = vec![0u8; 64 * metadata_len];
+    while !stop.load(Ordering::SeqCst) {
+        let mut fds = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the length given.
+        if unsafe { libc::poll(&mut fds, 1, 20) } <= 0 {
+            continue;
+        }
+        // SAFETY: `buffer` is writable for its whole length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
+        let mut at = 0usize;
+        while n > 0 && at + metadata_len <= n as usize {
+            // SAFETY: the kernel wrote a whole event at `at`; it may be unaligned.
+            let event: libc::fanotify_event_metadata =
+                unsafe { std::ptr::read_unaligned(buffer.as_ptr().add(at).cast()) };
+            if event.fd >= 0 {
+                // SAFETY: the event's descriptor is ours to close.
+                let object = unsafe { File::from_raw_fd(event.fd) };
+                let path = std::fs::read_link(format!("/proc/self/fd/{}", event.fd));
+                if let (Ok(path), Ok(meta)) = (path, object.metadata()) {
+                    seen.lock().unwrap().push((path, meta.mode() & 0o7777));
+                }
+                let response = libc::fanotify_response {
+                    fd: event.fd,
+                    response: FAN_ALLOW,
+                };
+                // SAFETY: `response` is a valid struct of the size given.
+                unsafe {
+                    libc::write(
+                        fd.as_raw_fd(),
+                        (&response as *const libc::fanotify_response).cast(),
+                        std::mem::size_of::<libc::fanotify_response>(),
+                    )
+                };
+            }
+            at += event.event_len as usize;
+        }
+    }
+}
+
+/// What is wrong when `mode` (as born) has a bit the final mode `0o600` lacks.
+fn wider_than_owner_only(mode: u32, what: &str) -> Option<String> {
+    (mode & !0o600 != 0).then(|| format!("{what}: mode {mode:o}, wider than 600"))
+}
+
+#[tokio::test]
+async fn every_file_is_born_no_wider_than_its_final_mode() {
+    let Some(recorder) = is_root().then(OpenRecorder::start).flatten() else {
+        return;
+    };
+    let secret = secret();
+    let (_keep, dir) = shared_dir(&secret);
+    // Directories the copies merge into, marked before the copies create files in them.
+    for merged in ["merge", "merge/key-dir", "helper-merge"] {
+        std::fs::create_dir(dir.join(merged)).unwrap();
+    }
+    std::fs::create_dir(dir.join("tree/key-dir")).unwrap();
+    std::fs::copy(dir.join("tree/key"), dir.join("tree/key-dir/key")).unwrap();
+    for marked in ["", "merge", "merge/key-dir", "helper-merge"] {
+        recorder.mark(&dir.join(marked));
+    }
+    let mut client = server(None).await;
+    let mut wider = Vec::new();
+
+    // The temporary file of a replacement, seen at its creation and again before the close.
+    let open = json!({"handleId": "r", "path": uri(&dir.join("source")), "mode": "replace"});
+    client.call("fs/open", open).await;
+    let born = recorder.first_mode_of_name_starting(&dir, ".source.");
+    wider.extend(wider_than_owner_only(
+        born,
+        "the temporary file of a replacement",
+    ));
+    let block = json!({"handleId": "r", "offset": 0, "chunk": b64(&secret)});
+    client.call("fs/writeBlock", block).await;
+    client.call("fs/close", json!({"handleId": "r"})).await;
+
+    copy(&mut client, &dir.join("source"), &dir.join("copy"), None)
+        .await
+        .unwrap();
+    let born = recorder.first_mode(&dir.join("copy"));
+    wider.extend(wider_than_owner_only(born, "a copied file"));
+    copy(&mut client, &dir.join("tree"), &dir.join("merge"), None)
+        .await
+        .unwrap();
+    for key in ["merge/key", "merge/key-dir/key"] {
+        wider.extend(wider_than_owner_only(
+            recorder.first_mode(&dir.join(key)),
+            key,
+        ));
+    }
+    if landlock_available() {
+        let policy = helper_policy(&dir);
+        copy(
+            &mut client,
+            &dir.join("source"),
+            &dir.join("helper-copy"),
+            Some(&policy),
+        )
+        .await
+        .unwrap();
+        let born = recorder.first_mode(&dir.join("helper-copy"));
+        wider.extend(wider_than_owner_only(
+            born,
+            "a file copied by the fs helper",
+        ));
+        copy(
+            &mut client,
+            &dir.join("tree"),
+            &dir.join("helper-merge"),
+            Some(&policy),
+        )
+        .await
+        .unwrap();
+        let born = recorder.first_mode(&dir.join("helper-merge/key"));
+        let what = "a tree's file copied by the fs helper";
+        wider.extend(wider_than_owner_only(born, what));
+    }
+    assert_eq!(wider, Vec::<String>::new());
+}
+
+/// The regular files below `root` that hold a part of `secret`, with their modes.
+fn files_with_secret(root: &Path, secret: &str) -> Vec<(PathBuf, u32)> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if meta.is_file() {
+            let content = std::fs::read(&path).unwrap();
+            if !content.is_empty() && secret.as_bytes().starts_with(&content) {
+                found.push((path, meta.mode() & 0o7777));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_copy_that_fails_half_way_leaves_nothing_wider_than_its_source() {
+    let secret = secret();
+    let (_keep, dir) = shared_dir(&secret);
+    // An existing destination readable by everyone: the copy must narrow it before it
+    // writes the first byte of the secret.
+    std::fs::write(dir.join("existing"), "old").unwrap();
+    std::fs::set_permissions(dir.join("existing"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    // Writes stop at 16 bytes: every copy below fails after writing a part of the secret.
+    let mut client = server(Some(16)).await;
+    let mut copies = vec![
+        ("source", "new", None),
+        ("source", "existing", None),
+        ("tree", "tree-copy", None),
+    ];
+    let policy = landlock_available().then(|| helper_policy(&dir));
+    if let Some(policy) = &policy {
+        copies.push(("source", "helper-new", Some(policy)));
+        copies.push(("tree", "helper-tree", Some(policy)));
+    }
+    let mut wider = Vec::new();
+    for (from, to, sandbox) in copies {
+        let result = copy(&mut client, &dir.join(from), &dir.join(to), sandbox).await;
+        assert!(result.is_err(), "{from} → {to} did not fail: {result:?}");
+        let left = files_with_secret(&dir.join(to), &secret);
+        assert!(!left.is_empty(), "{from} → {to} wrote nothing");
+        for (path, mode) in left {
+            wider.extend(wider_than_owner_only(mode, &path.display().to_string()));
+        }
+    }
+    assert_eq!(wider, Vec::<String>::new());
+}
+
+/// A set-id program of another user, copied by a root server, must not become a set-id
+/// program of root's: the copy keeps its set-id bits only where it has the source's owner
+/// (set-user-id) or group (set-group-id), as `cp` does. Server and fs helper, file and tree.
+#[tokio::test]
+async fn copies_of_another_users_set_id_programs_never_become_roots() {
+    if !is_root() {
+        eprintln!("SKIP: needs root to own files as another user");
+        return;
+    }
+    let (_dir, path) = shared_dir(&secret());
+    let program = path.join("tree/program");
+    std::fs::write(&program, "#!/bin/sh\n").unwrap();
+    std::os::unix::fs::chown(&program, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    let mut client = server(None).await;
+    let policy = helper_policy(&path);
+    let mut sandboxes = vec![None];
+    if landlock_available() {
+        sandboxes.push(Some(&policy));
+    }
+    for (i, sandbox) in sandboxes.into_iter().enumerate() {
+        let file = path.join(format!("copy-{i}"));
+        let tree = path.join(format!("tree-{i}"));
+        copy(&mut client, &program, &file, sandbox).await.unwrap();
+        copy(&mut client, &path.join("tree"), &tree, sandbox)
+            .await
+            .unwrap();
+        for copied in [file, tree.join("program")] {
+            let meta = std::fs::metadata(&copied).unwrap();
+            assert_eq!(meta.uid(), 0, "{copied:?}");
+            assert_eq!(meta.mode() & 0o7777, 0o755, "{copied:?} kept set-id bits");
+        }
+    }
+}
