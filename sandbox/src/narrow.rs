@@ -270,8 +270,10 @@ static PRIVATE_DEV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 const KEPT_DEVICES: [&str; 7] = ["null", "zero", "full", "random", "urandom", "tty", "ptmx"];
 
 /// Replaces `/dev` (in the launcher's own mount namespace) with a `tmpfs` holding only the
-/// harmless devices, the process's own terminal under `pts/`, an empty `shm/` and the usual
-/// links. Under "read everything" Landlock would otherwise let the process open whatever
+/// harmless devices, the process's own terminal under `pts/`, an empty `tmpfs` on `shm/`
+/// and the usual links. New pseudo-terminals cannot be made inside (`ptmx` needs a `devpts`
+/// beside it, and a fresh one would not hold the process's own terminal, which `tty` must
+/// name, SANDBOX.md §10.6 P8). Under "read everything" Landlock would otherwise let the process open whatever
 /// the host's `/dev` holds that its user may open: other sessions' terminals (reading one
 /// steals its input), a root server's raw disks and consoles, the host's shared memory.
 pub fn mount_minimal_dev() -> io::Result<()> {
@@ -301,10 +303,15 @@ pub fn mount_minimal_dev() -> io::Result<()> {
         // Where `ttyname` looks for the terminal on standard input.
         bind_node(&Path::new("/dev/pts").join(name), &fd_path(node))?;
     }
+    // A `tmpfs` of its own, not a directory of the small `/dev` one: shared memory users
+    // (browsers, data loaders) need room.
     std::fs::create_dir(Path::new("/dev/shm"))?;
-    std::fs::set_permissions(
-        "/dev/shm",
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    mount(
+        Some(Path::new("tmpfs")),
+        Path::new("/dev/shm"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=1777"),
     )?;
     for (link, target) in [
         ("fd", "/proc/self/fd"),

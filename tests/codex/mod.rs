@@ -53,6 +53,22 @@ pub fn codex_bin(test: &str) -> Option<PathBuf> {
     None
 }
 
+/// The native binary behind codex's npm launcher (`…/@openai/codex/bin/codex.js`), and
+/// the launcher's package directory; `None` when `bin` is not that launcher.
+fn native_binary(bin: &std::path::Path) -> Option<(PathBuf, PathBuf)> {
+    let launcher = std::fs::canonicalize(bin).ok()?;
+    let package = launcher.parent()?.parent()?;
+    let (suffix, triple) = match std::env::consts::ARCH {
+        "x86_64" => ("x64", "x86_64-unknown-linux-musl"),
+        "aarch64" => ("arm64", "aarch64-unknown-linux-musl"),
+        _ => return None,
+    };
+    let native = package
+        .parent()?
+        .join(format!("codex-linux-{suffix}/vendor/{triple}/bin/codex"));
+    native.is_file().then(|| (native, package.to_path_buf()))
+}
+
 /// A throw-away `HOME` with a `CODEX_HOME` inside it, so codex reads no configuration
 /// of the machine's user.
 pub struct CodexHome {
@@ -75,8 +91,19 @@ impl CodexHome {
     }
 
     /// A command for codex with this home and nothing of the caller's codex environment.
+    /// The npm launcher is skipped for the native binary it would start, as the launcher
+    /// would (its environment included): `kill_on_drop` kills the process it started, and a
+    /// killed launcher would leave the binary running.
     pub fn command(&self, bin: &std::path::Path) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(bin);
+        let mut cmd = match native_binary(bin) {
+            Some((native, package)) => {
+                let mut cmd = tokio::process::Command::new(native);
+                cmd.env("CODEX_MANAGED_BY_NPM", "1")
+                    .env("CODEX_MANAGED_PACKAGE_ROOT", package);
+                cmd
+            }
+            None => tokio::process::Command::new(bin),
+        };
         cmd.env("HOME", self.home())
             .env("CODEX_HOME", self.codex_home())
             .env_remove("CODEX_EXEC_SERVER_URL")

@@ -146,7 +146,8 @@ async fn a_sandboxed_process_reaches_no_other_terminal_and_no_host_shared_memory
     let script = format!(
         "tty; echo stolen > {victim_tty} && echo WROTE-OTHER-TERMINAL; \
          (exec 3< {victim_tty}) && echo READ-OTHER-TERMINAL; \
-         echo x > {marker} && echo WROTE-SHM; echo DEV: $(ls /dev); true"
+         echo x > {marker} && echo WROTE-SHM; echo DEV: $(ls /dev); \
+         head -c 1048576 /dev/zero > /dev/shm/big && echo ROOMY-SHM; true"
     );
     let mut sandboxed = crate::sandbox::client().await;
     let params = json!({"processId": "p", "argv": ["/bin/sh", "-c", script],
@@ -167,6 +168,7 @@ async fn a_sandboxed_process_reaches_no_other_terminal_and_no_host_shared_memory
     assert!(!output.contains("READ-OTHER-TERMINAL"), "{output}");
     // Shared memory works, in a `/dev/shm` of its own.
     assert!(output.contains("WROTE-SHM"), "{output}");
+    assert!(output.contains("ROOMY-SHM"), "{output}");
     assert!(
         !std::path::Path::new(&marker).exists(),
         "the host's /dev/shm was written"
