@@ -93,7 +93,7 @@ pub fn charge_unowned(amount: u64, what: &str) -> Result<DescriptorLease, RpcErr
 
 /// Counts `session` as live from now on: it is guaranteed its share.
 pub fn session_started(session: &str) {
-    ledger().lock().share(session).live = true;
+    ledger().lock().start(session);
 }
 
 /// `session` ended: it is no longer guaranteed anything; what its resources still hold
@@ -170,6 +170,11 @@ struct Share {
     held: u64,
     /// Between [`session_started`] and [`session_ended`]: guaranteed its share.
     live: bool,
+    /// The most this session can ever be guaranteed: what was free for it when it started
+    /// ([`State::start`]). A session that starts when the others' guarantees and what the
+    /// hogs hold already fill the budget is guaranteed only what is left, so a client
+    /// opening more sessions never eats into the guarantee of a session started before.
+    reserved: u64,
 }
 
 struct LedgerMetrics {
@@ -311,8 +316,42 @@ impl State {
         self.shares.get_mut(id).expect("inserted above")
     }
 
+    /// Makes `id` live, guaranteed at most what is free for it now.
+    fn start(&mut self, id: &str) {
+        self.share(id).live = true;
+        let guarantee = self.budget.guarantee(self.live_sessions());
+        let kept = self.kept_for_others(Some(id));
+        let free = self
+            .budget
+            .capacity
+            .saturating_sub(self.used.saturating_add(kept));
+        self.share(id).reserved = guarantee.min(free);
+    }
+
+    fn live_sessions(&self) -> u64 {
+        self.shares.values().filter(|share| share.live).count() as u64
+    }
+
+    /// What `share` is guaranteed now: the fair share of the live sessions, at most what it
+    /// reserved when it started.
+    fn guarantee_of(&self, share: &Share) -> u64 {
+        self.budget
+            .guarantee(self.live_sessions())
+            .min(share.reserved)
+    }
+
+    /// The unused guarantees of the live sessions other than `owner`.
+    fn kept_for_others(&self, owner: Option<&str>) -> u64 {
+        self.shares
+            .iter()
+            .filter(|(id, share)| share.live && Some(&***id) != owner)
+            .map(|(_, share)| self.guarantee_of(share).saturating_sub(share.held))
+            .sum()
+    }
+
     /// Whether `amount` more for `owner` keeps it within its maximum and leaves free the
-    /// unused guarantee of every other live session.
+    /// unused guarantee of every other live session. Within its own guarantee a session
+    /// only needs the room itself.
     fn admit(&self, owner: Option<&str>, amount: u64) -> Result<(), Refusal> {
         let budget = self.budget;
         if budget.capacity == u64::MAX {
@@ -325,14 +364,14 @@ impl State {
         if owner.is_some() && held.saturating_add(amount) > session_max {
             return Err(Refusal::SessionMax(session_max));
         }
-        let live = self.shares.values().filter(|share| share.live).count() as u64;
-        let guarantee = budget.guarantee(live);
-        let kept_for_others: u64 = self
-            .shares
-            .iter()
-            .filter(|(id, share)| share.live && Some(&***id) != owner)
-            .map(|(_, share)| guarantee.saturating_sub(share.held))
-            .sum();
+        let fits = self.used.saturating_add(amount) <= budget.capacity;
+        let own = owner.and_then(|id| self.shares.get(id));
+        if fits && own.is_some_and(|share| held.saturating_add(amount) <= self.guarantee_of(share))
+        {
+            return Ok(());
+        }
+        let guarantee = budget.guarantee(self.live_sessions());
+        let kept_for_others = self.kept_for_others(owner);
         if self
             .used
             .saturating_add(amount)
@@ -422,11 +461,11 @@ mod tests {
     #[test]
     fn the_others_keep_their_guarantee_whatever_the_hogs_take() {
         let mut state = state(1000, 1000, 50);
-        state.share("victim").live = true;
+        state.start("victim");
         // Six hog sessions and the victim: each is guaranteed 1000 / 2 / 7 = 71.
         let hogs: Vec<String> = (0..6).map(|i| format!("hog{i}")).collect();
         for hog in &hogs {
-            state.share(hog).live = true;
+            state.start(hog);
         }
         for hog in &hogs {
             while take(&mut state, hog, 1).is_ok() {}
@@ -438,16 +477,49 @@ mod tests {
             assert!(take(&mut state, "victim", 1).is_ok());
         }
         // Unowned charges take nothing that a session is guaranteed.
-        state.share("late").live = true;
+        let mut state = state_with_room();
         let free = state.budget.capacity - state.used;
+        state.start("late");
+        assert!(state.guarantee_of(&state.shares["late"]) > 0);
         assert!(state.admit(None, free).is_err());
+    }
+
+    /// A victim and one hog that filled all it may, with room left over.
+    fn state_with_room() -> State {
+        let mut state = state(1000, 1000, 30);
+        state.start("victim");
+        state.start("hog");
+        while take(&mut state, "hog", 1).is_ok() {}
+        state
+    }
+
+    /// Sessions a hog opens after filling what it may take are guaranteed only what is
+    /// left: the victim started before keeps its own.
+    #[test]
+    fn later_sessions_never_take_an_earlier_sessions_guarantee() {
+        let mut state = state(960, 1024, 50);
+        state.start("victim");
+        for hog in ["hog0", "hog1"] {
+            state.start(hog);
+            while take(&mut state, hog, 1).is_ok() {}
+        }
+        for late in ["late0", "late1", "late2", "late3", "late4", "late5"] {
+            state.start(late);
+            while take(&mut state, late, 1).is_ok() {}
+        }
+        let guarantee = state.guarantee_of(&state.shares["victim"]);
+        assert!(guarantee > 0);
+        for _ in 0..guarantee {
+            assert!(take(&mut state, "victim", 1).is_ok());
+        }
+        assert!(state.used <= state.budget.capacity);
     }
 
     #[test]
     fn an_ended_session_is_guaranteed_nothing() {
         let mut state = state(1000, 1000, 100);
-        state.share("gone").live = true;
-        state.share("hog").live = true;
+        state.start("gone");
+        state.start("hog");
         assert!(matches!(
             take(&mut state, "hog", 800),
             Err(Refusal::Guarantees(250))

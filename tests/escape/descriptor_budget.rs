@@ -221,3 +221,46 @@ async fn helpers_and_searches_are_charged_to_the_session_they_serve() {
     );
     hog.close().await;
 }
+
+/// Sessions a hog opens after it filled what it may take cannot take the guarantee of a
+/// session started before them: they are guaranteed only what is left. Two hog sessions
+/// start `sleep`s until refused, two more connections initialize afterwards, and the
+/// victim, which holds nothing, still opens a handle and starts a process.
+#[tokio::test]
+async fn sessions_opened_later_never_take_an_earlier_sessions_guarantee() {
+    let server = server(Some(NOFILE), &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut victim = client(&server).await;
+    // Upgraded but not initialized yet: their sessions start after the fill.
+    let mut late: Vec<Client> = Vec::new();
+    for _ in 0..2 {
+        late.push(server.connect().await);
+    }
+    let mut hogs = Vec::new();
+    for n in 0..2 {
+        let mut hog = client(&server).await;
+        let mut refused = None;
+        for i in 0..256 {
+            let id = format!("hog{n}-{i}");
+            if let Err(error) = hog.request("process/start", shell(&id, "sleep 600")).await {
+                refused = Some(error);
+                break;
+            }
+        }
+        let refused = refused.expect("the hog was never refused");
+        assert_budget_refusal(&refused, "a process start");
+        hogs.push(hog);
+    }
+    for connection in &mut late {
+        connection.handshake().await;
+    }
+    let params =
+        json!({"handleId": "victim", "path": uri(&dir.path().join("v")), "mode": "replace"});
+    victim
+        .request("fs/open", params)
+        .await
+        .expect("the victim's fs/open");
+    short_process(&mut victim, "victim")
+        .await
+        .expect("the victim's process start");
+}

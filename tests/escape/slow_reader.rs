@@ -49,14 +49,24 @@ fn large_file() -> (tempfile::TempDir, String) {
 /// A client over a plain socket that completes the handshake, sends the attack's
 /// requests and then never reads again. Returns it (the socket stays open) and its session.
 async fn stalled_reader(server: &WsServer, path: &str) -> (Client, String) {
+    stalled_asking(server, "fs/readFile", path, REQUESTS).await
+}
+
+/// [`stalled_reader`] sending `count` requests of `method` for `path`.
+async fn stalled_asking(
+    server: &WsServer,
+    method: &str,
+    path: &str,
+    count: usize,
+) -> (Client, String) {
     let addr = server.url.trim_start_matches("ws://").trim_end_matches('/');
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut client = Client::websocket_over(stream, &server.url, None)
         .await
         .expect("websocket upgrade");
     let session = client.handshake().await;
-    for _ in 0..REQUESTS {
-        let send = client.send_request("fs/readFile", json!({"path": path}));
+    for _ in 0..count {
+        let send = client.send_request(method, json!({"path": path}));
         tokio::time::timeout(STEP_TIMEOUT, send)
             .await
             .expect("the server reads requests");
@@ -160,6 +170,34 @@ async fn a_client_that_stops_reading_is_dropped_and_its_session_detached() {
         baseline / 1024,
         peak / 1024,
         rss_kib(pid) / 1024
+    );
+    server.child.kill().await.unwrap();
+}
+
+/// The same with listings: 64 `fs/readDirectory` (the most a connection runs at once) of
+/// a directory whose answer is about 5 MB. Its size is known only once listed, so the
+/// most it can be is reserved first: the old code held every listing in flight (the
+/// attacker measured 1.2 GB for 64 listings of 15 MB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_listings_is_held_to_the_outbound_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..20_000 {
+        std::fs::File::create(dir.path().join(format!("{i:05}-{}", "n".repeat(194)))).unwrap();
+    }
+    let path = dir.path().to_str().unwrap().to_owned();
+    let (_file_dir, file) = large_file();
+    let mut server = WsServer::start(&[]).await;
+    let pid = server.child.id().unwrap();
+    others_are_served(&server, &file).await;
+    let baseline = rss_kib(pid);
+
+    let (_stalled, _session) = stalled_asking(&server, "fs/readDirectory", &path, 64).await;
+    let peak = peak_while_stalled(pid, baseline).await;
+    others_are_served(&server, &file).await;
+    eprintln!(
+        "baseline {} MiB, peak {} MiB while a client did not read its listings",
+        baseline / 1024,
+        peak / 1024
     );
     server.child.kill().await.unwrap();
 }

@@ -17,11 +17,24 @@ use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
 use crate::routing::{execute_params, from_wire, to_wire, FsOperation, FsState};
 
+/// Bytes reserved per entry `fs.max_directory_entries` allows: the longest name (255
+/// bytes) with its JSON (`{"fileName":…,"isDirectory":…,"isFile":…}`); at the default
+/// limit that is the whole default budget, so one connection lists one directory at a time.
+const LISTED_BYTES_PER_ENTRY: usize = 320;
+
 pub(crate) async fn handle(
     config: Arc<FsState>,
     cx: Call,
     params: ReadDirectoryParams,
 ) -> Result<ReadDirectoryResult, RpcError> {
+    // The answer's size is known only once listed: the most it can be is reserved before
+    // listing (at most the connection's whole budget), so that a client asking for many
+    // large listings and not reading them holds one at a time, not one per request in
+    // flight (SECURITY.md, "bytes held for a peer").
+    let expected = config
+        .max_directory_entries
+        .saturating_mul(LISTED_BYTES_PER_ENTRY);
+    cx.reserve_response_bytes(expected).await;
     let entries = execute_params::<ReadDirectory>(&config, cx.session(), params).await?;
     Ok(ReadDirectoryResult { entries })
 }
