@@ -8,14 +8,14 @@ use exec_server_core::proto::fs::{ReadFileParams, READ_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 use exec_server_sandbox::fs_helper::{Need, Target};
-use exec_server_sandbox::policy::SandboxPolicy;
+use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
-use crate::routing::{execute_params, FsOperation, FsState};
+use crate::routing::{execute_decided, prepare, FsOperation, FsState};
 
 /// The answer, `{"dataBase64":"…"}`, made as raw JSON in one buffer (the server hands a raw
 /// answer on without serializing it again).
@@ -25,9 +25,15 @@ pub(crate) async fn handle(
     params: ReadFileParams,
 ) -> Result<Box<RawValue>, RpcError> {
     let follow_symlinks = params.follow_symlinks.unwrap_or(true);
-    crate::answer_room::reserve_for_file(&config, &cx, host_path(&params.path), follow_symlinks)
-        .await;
-    execute_params::<ReadFile>(&config, cx.session(), params)
+    let path = host_path(&params.path);
+    let prepared = prepare::<ReadFile>(&config, params)?;
+    // An answer the server makes has room reserved first. One the fs helper makes is held
+    // to the session's helper slots instead (`sandbox.max_helpers_per_session` answers at
+    // most), and needs no extra trip to a worker thread for its size.
+    if matches!(prepared.decision, SandboxDecision::Unsandboxed) {
+        crate::answer_room::reserve_for_file(&config, &cx, path, follow_symlinks).await;
+    }
+    execute_decided(&config, cx.session(), prepared)
         .await
         .map(Encoded::into_raw)
 }

@@ -160,34 +160,56 @@ pub(crate) fn from_wire<T: DeserializeOwned>(response: &RawValue) -> Result<T, R
 pub(crate) async fn execute_params<O: FsOperation>(
     state: &FsState,
     session: &Session,
-    mut params: O::Params,
+    params: O::Params,
 ) -> Result<O::Output, RpcError> {
+    let prepared = prepare::<O>(state, params)?;
+    execute_decided(state, session, prepared).await
+}
+
+/// An operation built from its params, with the paths to check for lookalikes and the
+/// decision on its sandbox, ready for [`execute_decided`].
+pub(crate) struct Prepared<O> {
+    operation: O,
+    spelled: SpelledPaths,
+    pub(crate) decision: SandboxDecision,
+}
+
+/// Builds `O` from `params` and decides its sandbox, without running it: for a handler
+/// with work to do between the two (`fs/readFile` reserves room for an answer it makes in
+/// the server).
+pub(crate) fn prepare<O: FsOperation>(
+    state: &FsState,
+    mut params: O::Params,
+) -> Result<Prepared<O>, RpcError> {
     let (sandbox, top_level_policy) = params.take_sandbox();
     let spelled = SpelledPaths::of(params.wire_paths());
     let operation = O::from_params(params, &state.config)?;
-    execute(
-        state,
-        session,
-        (operation, spelled),
-        sandbox.as_ref(),
-        top_level_policy.as_ref(),
-    )
-    .await
+    let decision = state
+        .sandbox
+        .decide_fs(sandbox.as_ref(), top_level_policy.as_ref())?;
+    Ok(Prepared {
+        operation,
+        spelled,
+        decision,
+    })
 }
 
-/// Runs `operation` for `session` as its `sandbox` (and legacy top-level `sandboxPolicy`)
-/// demands: directly, on the worker threads, when the policy does not restrict the file
-/// system; otherwise in an fs helper that enforces the policy, or not at all when it cannot
-/// be enforced. The paths in `spelled` are checked for lookalike names on the side that
-/// then acts on them: the worker thread, or the fs helper (see `ambiguous_names`).
-pub(crate) async fn execute<O: FsOperation>(
+/// Runs a prepared operation: directly, on the worker threads, when the policy does not
+/// restrict the file system; otherwise in an fs helper that enforces the policy, or not at
+/// all when it cannot be enforced. The paths in `spelled` are checked for lookalike names
+/// on the side that then acts on them: the worker thread, or the fs helper (see
+/// `ambiguous_names`).
+pub(crate) async fn execute_decided<O: FsOperation>(
     state: &FsState,
     session: &Session,
-    (operation, spelled): (O, SpelledPaths),
-    sandbox: Option<&Value>,
-    top_level_policy: Option<&Value>,
+    prepared: Prepared<O>,
 ) -> Result<O::Output, RpcError> {
-    match state.sandbox.decide_fs(sandbox, top_level_policy)? {
+    let Prepared {
+        operation,
+        spelled,
+        decision,
+    } = prepared;
+    match decision {
         SandboxDecision::Unsandboxed => {
             operation.run_in_server(&state.pool, session, spelled).await
         }
@@ -234,6 +256,24 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// Runs `operation` for `session` as its `sandbox` (and legacy top-level `sandboxPolicy`)
+    /// demands (see [`execute_decided`]).
+    async fn execute<O: FsOperation>(
+        state: &FsState,
+        session: &Session,
+        (operation, spelled): (O, SpelledPaths),
+        sandbox: Option<&Value>,
+        top_level_policy: Option<&Value>,
+    ) -> Result<O::Output, RpcError> {
+        let decision = state.sandbox.decide_fs(sandbox, top_level_policy)?;
+        let prepared = Prepared {
+            operation,
+            spelled,
+            decision,
+        };
+        execute_decided(state, session, prepared).await
+    }
 
     /// Records whether it ran.
     #[derive(Debug)]
