@@ -319,13 +319,14 @@ impl State {
     /// Makes `id` live, guaranteed at most what is free for it now.
     fn start(&mut self, id: &str) {
         self.share(id).live = true;
-        let guarantee = self.budget.guarantee(self.live_sessions());
         let kept = self.kept_for_others(Some(id));
         let free = self
             .budget
             .capacity
             .saturating_sub(self.used.saturating_add(kept));
-        self.share(id).reserved = guarantee.min(free);
+        // A ceiling, not the fair share of the moment: when sessions leave, the fair
+        // share grows back up to what was free.
+        self.share(id).reserved = self.budget.guarantee_cap.min(free);
     }
 
     fn live_sessions(&self) -> u64 {
@@ -513,6 +514,23 @@ mod tests {
             assert!(take(&mut state, "victim", 1).is_ok());
         }
         assert!(state.used <= state.budget.capacity);
+    }
+
+    /// What was free at its start caps a session's guarantee; the number of sessions does
+    /// not keep it small once they are gone.
+    #[test]
+    fn a_guarantee_grows_back_when_sessions_end() {
+        let mut state = state(1000, 1000, 50);
+        let others: Vec<String> = (0..9).map(|i| format!("s{i}")).collect();
+        for other in &others {
+            state.start(other);
+        }
+        state.start("late");
+        assert_eq!(state.guarantee_of(&state.shares["late"]), 50);
+        for other in &others {
+            state.shares.get_mut(other.as_str()).unwrap().live = false;
+        }
+        assert_eq!(state.guarantee_of(&state.shares["late"]), 500);
     }
 
     #[test]
