@@ -197,6 +197,24 @@ pub async fn metric(server: &WsServer, name: &str, labels: &str) -> f64 {
     prometheus_value(&body, &series).unwrap_or(0.0)
 }
 
+/// Whether `/metrics` answers 200 now; false also when the connection is refused or reset
+/// (an accepted connection the descriptor budget has no room for is closed at once).
+pub async fn metrics_reachable(server: &WsServer) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let base = server.http_base();
+    let addr = base.trim_start_matches("http://");
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read_to_end(&mut response)).await;
+    matches!(read, Ok(Ok(_))) && response.starts_with(b"HTTP/1.1 200")
+}
+
 /// Waits until `condition` holds, checking every 20 ms; fails with `what` after
 /// [`STEP_TIMEOUT`].
 pub async fn eventually<F: std::future::Future<Output = bool>>(

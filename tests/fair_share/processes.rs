@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use super::{eventually, metric, pid, server, shell, ServerResources, Victim};
+use super::{eventually, metric, metrics_reachable, pid, server, shell, ServerResources, Victim};
 use crate::util::{assert_error, b64, Client};
 
 /// The default `process.max_processes_per_session`.
@@ -249,6 +249,13 @@ async fn starts_stop_short_of_the_descriptor_limit() {
     drop(abusers);
     eventually("the abusers' processes are gone", || async {
         ServerResources::of(pid).fds < 64
+    })
+    .await;
+    // Their descriptors go back to the budget once their keepers are reaped; until then a
+    // new connection (this one, for `/metrics`) may find no room outside the victim's
+    // guarantee.
+    eventually("the budget takes connections again", || {
+        metrics_reachable(&server)
     })
     .await;
     let refused = metric(
