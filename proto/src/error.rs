@@ -337,6 +337,16 @@ impl RpcError {
         ))
     }
 
+    /// Work holding a shared fs slot (a worker thread, a sandbox helper) wrote to a FIFO
+    /// or device whose reader did not take the data within `ms`: it stops waiting so that
+    /// a peer cannot keep the slot from other sessions (what was written stays written).
+    pub fn fs_reader_stalled(method: &str, ms: u64) -> Self {
+        Self::internal(format!(
+            "{method}: the reader of the FIFO or device did not take the data within {ms} ms \
+             (a write that holds a shared fs slot waits no longer for its reader)"
+        ))
+    }
+
     /// A charge the descriptor budget refused (fair share): names what was refused, the
     /// limit that refused it (the session's maximum, or the guarantee every other session
     /// keeps) and the key that sets it.

@@ -14,6 +14,7 @@ mod name_fidelity;
 mod network_beyond_ip;
 mod proc_secrets;
 mod process_tree;
+mod relay_slow_reader;
 mod rendezvous;
 mod root_powers;
 mod server_hygiene;

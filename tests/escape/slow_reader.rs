@@ -28,7 +28,7 @@ const STABLE_KIB: u64 = 1024;
 const STABLE_SAMPLES: usize = 15;
 
 /// `VmRSS` of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
+pub(super) fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()

@@ -73,6 +73,11 @@ pub(crate) async fn start_rendezvous_logged() -> Rendezvous {
     start_rendezvous_inner(None, "", true, false, None).await
 }
 
+/// [`start_rendezvous_logged`] whose `[rendezvous]` table also holds `settings`.
+pub(crate) async fn start_rendezvous_logged_with(settings: &str) -> Rendezvous {
+    start_rendezvous_inner(None, settings, true, false, None).await
+}
+
 /// A logged rendezvous serving TLS itself with these PEM files (`--listen https://…`).
 pub(crate) async fn start_tls_rendezvous(cert: &Path, key: &Path) -> Rendezvous {
     start_rendezvous_inner(None, "", true, false, Some((cert, key))).await

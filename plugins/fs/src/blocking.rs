@@ -29,12 +29,22 @@ pub(crate) struct BlockingPool {
     timeout: Duration,
 }
 
+/// How long work that holds a shared slot (an fs worker thread, an fs helper) waits in all
+/// for the reader of a FIFO or device it writes. The reader, not the server, decides when
+/// there is room, so this bound — not `fs.operation_timeout_ms` or
+/// `sandbox.helper_timeout_ms` — is how long a FIFO nobody reads keeps a slot from the
+/// other sessions. `fs/writeFile` in the server waits on the reactor instead, in no slot,
+/// until the operation's own deadline.
+pub(crate) const PEER_WAIT_IN_SLOT: Duration = Duration::from_secs(2);
+
 /// When an operation must be done by, and how to say that it was not.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deadline {
     at: Instant,
     method: &'static str,
     timeout: Duration,
+    /// What ends at `at`: the operation, or its wait for a peer ([`PEER_WAIT_IN_SLOT`]).
+    peer_wait: bool,
 }
 
 impl Deadline {
@@ -48,6 +58,28 @@ impl Deadline {
             at,
             method,
             timeout,
+            peer_wait: false,
+        }
+    }
+
+    /// The deadline of `method` in the fs helper: none of its own, as the server's
+    /// `sandbox.helper_timeout_ms` ends the helper; a wait for a peer is still bounded by
+    /// [`Self::for_peer_in_slot`].
+    pub(crate) fn in_fs_helper(method: &'static str) -> Self {
+        Self::new(method, Duration::MAX)
+    }
+
+    /// The deadline of waiting for a FIFO's or device's reader in work that holds a shared
+    /// slot: [`PEER_WAIT_IN_SLOT`] from now, or this one if it comes first.
+    pub(crate) fn for_peer_in_slot(&self) -> Self {
+        let peer = Self {
+            peer_wait: true,
+            ..Self::new(self.method, PEER_WAIT_IN_SLOT)
+        };
+        if peer.at < self.at {
+            peer
+        } else {
+            *self
         }
     }
 
@@ -65,6 +97,9 @@ impl Deadline {
     /// The method's answer when it missed the deadline.
     pub(crate) fn missed(&self) -> RpcError {
         let ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        if self.peer_wait {
+            return RpcError::fs_reader_stalled(self.method, ms);
+        }
         RpcError::fs_operation_timed_out(self.method, ms)
     }
 }

@@ -17,13 +17,13 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use exec_server_core::proto::fs::Metadata;
+use exec_server_core::proto::fs::{Metadata, WRITE_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_sandbox::anchored::{open_exact, Directory, EntryKind};
 use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
 use rustix::fs::{Mode, OFlags};
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 // New files and directories that copy no other's mode are born with their final mode
 // (`0666`/`0777` less the umask); copies take theirs from `created_modes` too.
 use crate::created_modes::{NEW_DIRECTORY_MODE, NEW_FILE_MODE};
@@ -60,6 +60,11 @@ pub(crate) fn write_file(
     let approved = policy.approve(path, follow, AccessKind::Write)?;
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC;
     let mut file = open_approved(&approved, path, follow, flags, NEW_FILE_MODE)?;
+    if !file.metadata().or_rpc()?.is_file() {
+        // The helper's slot is shared: its reader gets a bounded wait, not the helper's.
+        let deadline = Deadline::in_fs_helper(WRITE_FILE).for_peer_in_slot();
+        return crate::stream_write::write_all_on_thread(&file, data, &deadline);
+    }
     nonblocking::make_blocking(&file).or_rpc()?;
     file.write_all(data).or_rpc()
 }

@@ -182,7 +182,7 @@ fn copy_file(source: &Path, destination: &Path, deadline: &Deadline) -> Result<C
     let mode = created_modes::copy_creation_mode(from_meta.mode());
     options.write(true).create(true).mode(mode.bits());
     let to = nonblocking::open(destination, &mut options, true).or_rpc()?;
-    copy_opened(from, to, Some(deadline))?;
+    copy_opened(from, to, deadline)?;
     Ok(Copied::Yes)
 }
 
@@ -371,6 +371,21 @@ mod tests {
         assert_eq!(
             super::copy(&source, &fifo, false, &deadline),
             Err(RpcError::fs_operation_timed_out(COPY, 50))
+        );
+    }
+
+    #[test]
+    fn copying_into_a_fifo_nobody_reads_holds_its_slot_no_longer_than_the_peer_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("big");
+        fs::write(&source, vec![1u8; 1 << 20]).unwrap();
+        let fifo = dir.path().join("fifo");
+        let _ends = fifo_with_idle_reader(&fifo);
+        let deadline = Deadline::new(COPY, Duration::from_secs(600));
+        let ms = crate::blocking::PEER_WAIT_IN_SLOT.as_millis() as u64;
+        assert_eq!(
+            super::copy(&source, &fifo, false, &deadline),
+            Err(RpcError::fs_reader_stalled(COPY, ms))
         );
     }
 }

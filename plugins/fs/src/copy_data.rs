@@ -14,13 +14,13 @@ use crate::{created_modes, nonblocking, stream_write};
 /// regular file; `to`, if the copy created it, created with
 /// [`created_modes::copy_creation_mode`]). An existing destination wider than the source is
 /// narrowed before any content is written, and the source's mode (set-id bits included) is
-/// given only once all of it is in. A destination that is a FIFO or device is written as its reader makes
-/// room, until `deadline`; without one (in the fs helper, which its own time-out ends) it
-/// is written like a file.
+/// given only once all of it is in. A destination that is a FIFO or device is written as
+/// its reader makes room, for at most [`crate::blocking::PEER_WAIT_IN_SLOT`] in all (the copy holds a shared
+/// slot) and never past `deadline`.
 pub(crate) fn copy_opened(
     mut from: File,
     mut to: File,
-    deadline: Option<&Deadline>,
+    deadline: &Deadline,
 ) -> Result<(), RpcError> {
     nonblocking::make_blocking(&from).or_rpc()?;
     let from_meta = from.metadata().or_rpc()?;
@@ -28,8 +28,8 @@ pub(crate) fn copy_opened(
     if (to_meta.dev(), to_meta.ino()) == (from_meta.dev(), from_meta.ino()) {
         return Ok(());
     }
-    if let (false, Some(deadline)) = (to_meta.is_file(), deadline) {
-        return copy_into_stream(&mut from, &to, deadline);
+    if !to_meta.is_file() {
+        return copy_into_stream(&mut from, &to, &deadline.for_peer_in_slot());
     }
     nonblocking::make_blocking(&to).or_rpc()?;
     if to_meta.is_file() {

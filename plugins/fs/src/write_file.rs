@@ -100,7 +100,7 @@ impl FsOperation for WriteFile {
             // A device that cannot be polled never makes a writer wait for long.
             Err(file) => {
                 let write = move |deadline: Deadline| {
-                    stream_write::write_all_on_thread(&file, &data, &deadline)
+                    stream_write::write_all_on_thread(&file, &data, &deadline.for_peer_in_slot())
                 };
                 pool.run(session, WRITE_FILE, write).await
             }
@@ -167,7 +167,9 @@ pub(crate) fn write_file(
 ) -> Result<(), RpcError> {
     match open_for_write(path, follow)? {
         WriteTarget::Regular(mut file) => file.write_all(data).or_rpc(),
-        WriteTarget::Stream(file) => stream_write::write_all_on_thread(&file, data, deadline),
+        WriteTarget::Stream(file) => {
+            stream_write::write_all_on_thread(&file, data, &deadline.for_peer_in_slot())
+        }
     }
 }
 

@@ -23,8 +23,12 @@ use crate::tls::TlsTrust;
 
 pub type ClientWs = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// Frames queued towards one physical connection (§6.1).
+/// Control frames queued towards one physical connection (§6.1).
 pub const PHYSICAL_QUEUE: usize = 1_024;
+/// Data frames queued towards one physical connection: producers wait for room, so this
+/// bounds the records held for a rendezvous that reads slowly to 128 × 61,456 bytes
+/// (about 7.5 MiB), still two bursts of [`BURST_FRAMES`] to keep the socket busy.
+pub const DATA_QUEUE: usize = 128;
 
 /// Ping interval and Pong deadline.
 #[derive(Debug, Clone, Copy)]
@@ -126,7 +130,7 @@ impl LinkHandle {
 /// Splits a socket: spawns the writer and returns its handle and the read half.
 pub fn start(ws: ClientWs, timing: LinkTiming) -> (LinkHandle, SplitStream<ClientWs>) {
     let (sink, stream) = ws.split();
-    let (data, data_rx) = mpsc::channel(PHYSICAL_QUEUE);
+    let (data, data_rx) = mpsc::channel(DATA_QUEUE);
     let (control, control_rx) = mpsc::channel(PHYSICAL_QUEUE);
     let handle = LinkHandle {
         frames: FrameQueues { data, control },
@@ -217,13 +221,15 @@ async fn write_loop(
             biased;
             _ = handle.dead.cancelled() => break,
             Some(bytes) = control.recv() => {
-                if write_burst(&mut sink, bytes, &mut control, &mut data).await.is_err() {
+                let burst = write_burst(&mut sink, bytes, &mut control, &mut data);
+                if !written_in_time(burst, timing).await {
                     break;
                 }
             }
             frame = data.recv() => match frame {
                 Some(bytes) => {
-                    if write_burst(&mut sink, bytes, &mut control, &mut data).await.is_err() {
+                    let burst = write_burst(&mut sink, bytes, &mut control, &mut data);
+                    if !written_in_time(burst, timing).await {
                         break;
                     }
                 }
@@ -237,7 +243,7 @@ async fn write_loop(
                 if unanswered.is_none() {
                     unanswered = Some(Instant::now());
                 }
-                if sink.send(Message::Ping(Bytes::new())).await.is_err() {
+                if !written_in_time(sink.send(Message::Ping(Bytes::new())), timing).await {
                     break;
                 }
             }
@@ -252,8 +258,41 @@ async fn write_loop(
             }
         }
     }
-    // Write what is queued (control frames first), then close with the requested code.
-    'drain: for queue in [&mut control, &mut data] {
+    // Write what is queued (control frames first), then close with the requested code;
+    // a peer that takes nothing gets nothing more.
+    let drain = drain_and_close(&mut sink, &mut control, &mut data, &handle);
+    let _ = tokio::time::timeout(timing.pong_timeout, drain).await;
+    handle.dead.cancel();
+    handle.written.cancel();
+}
+
+/// Whether `write` finished without error before the Pong deadline: a peer that takes no
+/// data (its TCP window stays full) is as dead as one that answers no Ping, and the writer
+/// must not wait on it forever while its queues hold frames for it.
+async fn written_in_time(
+    write: impl std::future::Future<Output = Result<(), WsError>>,
+    timing: LinkTiming,
+) -> bool {
+    match tokio::time::timeout(timing.pong_timeout, write).await {
+        Ok(result) => result.is_ok(),
+        Err(_) => {
+            tracing::warn!(
+                "relay connection lost: the rendezvous took no data for the pong timeout"
+            );
+            false
+        }
+    }
+}
+
+/// Writes what is queued (control frames first), then the close frame with the code
+/// [`LinkHandle::close`] asked for.
+async fn drain_and_close(
+    sink: &mut SplitSink<ClientWs, Message>,
+    control: &mut mpsc::Receiver<Bytes>,
+    data: &mut mpsc::Receiver<Bytes>,
+    handle: &LinkHandle,
+) {
+    'drain: for queue in [control, data] {
         while let Ok(bytes) = queue.try_recv() {
             if sink.send(Message::Binary(bytes)).await.is_err() {
                 break 'drain;
@@ -271,6 +310,4 @@ async fn write_loop(
     });
     let _ = sink.send(Message::Close(frame)).await;
     let _ = sink.close().await;
-    handle.dead.cancel();
-    handle.written.cancel();
 }

@@ -50,6 +50,10 @@ fn all_environments() -> Vec<String> {
     vec!["*".to_owned()]
 }
 
+/// The smallest `rendezvous.socket_queue_bytes`: one frame of the largest size a socket
+/// accepts (RELAY §2.4).
+pub const MIN_SOCKET_QUEUE_BYTES: usize = exec_server_relay_core::proto::MAX_WS_MESSAGE_BYTES;
+
 /// `[rendezvous]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -95,6 +99,13 @@ pub struct RendezvousConfig {
     /// `rendezvous.tokens` (`--insecure-no-auth`): for trying remote mode on one machine.
     /// Loopback listeners only; refused together with tokens.
     pub insecure_no_auth: bool,
+    /// Bytes queued towards one socket at most; frames beyond are dropped (endpoints
+    /// retransmit), so a peer that does not read costs the service this much, not what
+    /// its peers send.
+    pub socket_queue_bytes: usize,
+    /// A socket whose peer has taken nothing for this long (a write stalled on its full
+    /// TCP window) is closed and its queue freed.
+    pub stalled_peer_timeout_ms: u64,
 }
 
 impl Default for RendezvousConfig {
@@ -128,6 +139,8 @@ impl Default for RendezvousConfig {
             node_url: None,
             node_lease_secs: 15,
             insecure_no_auth: false,
+            socket_queue_bytes: 8 * 1024 * 1024,
+            stalled_peer_timeout_ms: 30_000,
         }
     }
 }
@@ -166,11 +179,24 @@ impl RendezvousConfig {
                 "rendezvous.rate_limit_per_ip_burst",
                 u64::from(config.rate_limit_per_ip_burst),
             ),
+            (
+                "rendezvous.stalled_peer_timeout_ms",
+                config.stalled_peer_timeout_ms,
+            ),
         ];
         for (key, value) in positive {
             if value == 0 {
                 return Err(source.invalid(key, "must be greater than zero, got 0"));
             }
+        }
+        if config.socket_queue_bytes < MIN_SOCKET_QUEUE_BYTES {
+            return Err(source.invalid(
+                "rendezvous.socket_queue_bytes",
+                format!(
+                    "must hold at least one largest frame ({MIN_SOCKET_QUEUE_BYTES} bytes), got {}",
+                    config.socket_queue_bytes
+                ),
+            ));
         }
         if config.insecure_no_auth && !config.tokens.is_empty() {
             return Err(source.invalid(

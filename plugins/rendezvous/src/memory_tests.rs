@@ -7,12 +7,15 @@ use super::*;
 use crate::config::{TokenConfig, TokenRole};
 use crate::hub::Hub;
 use crate::router::{Out, Router, RouterTiming, SocketHandle};
+use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 const GRACE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(600);
 const ATTACH: Duration = Duration::from_secs(60);
+/// Bytes queued towards one socket at most (the default).
+const QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
 fn token(name: &str, max_environments: Option<usize>) -> TokenConfig {
     TokenConfig {
@@ -163,7 +166,7 @@ async fn the_sweeper_expires_registrations_nobody_asks_about() {
     let timing = RouterTiming::default();
     let hub = Hub::new(
         Arc::clone(&store) as crate::store::SharedStore,
-        Router::new(GRACE, 256, timing),
+        Router::new(GRACE, 256, QUEUE_BYTES, timing),
     );
     let stop = CancellationToken::new();
     let sweeper = hub.spawn_sweeper(stop.clone());
@@ -233,13 +236,13 @@ async fn a_reattached_executor_restarts_nothing_but_its_detach_clock() {
 #[tokio::test(start_paused = true)]
 async fn an_executor_that_leaves_for_good_frees_its_slot_at_once() {
     let store = store();
-    let router = Router::new(GRACE, 256, RouterTiming::default());
+    let router = Router::new(GRACE, 256, QUEUE_BYTES, RouterTiming::default());
     let (_, epoch) = attached(&store, "env", 1);
     let (executor_tx, _executor_rx) = mpsc::channel(64);
-    let executor = SocketHandle::for_test(1, executor_tx);
+    let executor = SocketHandle::for_test(1, executor_tx, QUEUE_BYTES);
     assert!(router.attach_executor("env", epoch, &executor));
     let (harness_tx, mut harness_rx) = mpsc::channel(64);
-    let harness = SocketHandle::for_test(2, harness_tx);
+    let harness = SocketHandle::for_test(2, harness_tx, QUEUE_BYTES);
     assert!(router.open_harness("env", epoch, &harness));
     let detached = router.detach_executor("env", executor.id);
     assert_eq!(detached, Some(epoch));
@@ -250,17 +253,21 @@ async fn an_executor_that_leaves_for_good_frees_its_slot_at_once() {
     assert!(matches!(harness_rx.recv().await, Some(Out::Close(1000))));
     // A harness socket admitted for the ended registration is refused.
     let (late_tx, _late_rx) = mpsc::channel(64);
-    assert!(!router.open_harness("env", epoch, &SocketHandle::for_test(3, late_tx)));
+    assert!(!router.open_harness(
+        "env",
+        epoch,
+        &SocketHandle::for_test(3, late_tx, QUEUE_BYTES)
+    ));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_socket_ending_does_not_touch_the_registration() {
     let store = store();
-    let router = Router::new(GRACE, 256, RouterTiming::default());
+    let router = Router::new(GRACE, 256, QUEUE_BYTES, RouterTiming::default());
     let (_, epoch) = attached(&store, "env", 1);
     let (tx, _rx) = mpsc::channel(64);
-    let first = SocketHandle::for_test(1, tx.clone());
-    let second = SocketHandle::for_test(2, tx);
+    let first = SocketHandle::for_test(1, tx.clone(), QUEUE_BYTES);
+    let second = SocketHandle::for_test(2, tx, QUEUE_BYTES);
     assert!(router.attach_executor("env", epoch, &first));
     assert!(router.attach_executor("env", epoch, &second));
     // The replaced socket closes with 1000: it is not the executor any more, so the
@@ -564,10 +571,10 @@ async fn a_restarted_executor_takes_over_without_waiting_for_the_grace() {
 async fn an_executor_socket_ending_resets_codex_streams_and_parks_reliable_ones() {
     use exec_server_relay_core::proto::{self, handshake_body_with, Body, StreamFeatures};
     let store = store();
-    let router = Router::new(GRACE, 256, RouterTiming::default());
+    let router = Router::new(GRACE, 256, QUEUE_BYTES, RouterTiming::default());
     let (_, epoch) = attached(&store, "env", 1);
     let (executor_tx, mut executor_rx) = mpsc::channel(64);
-    let executor = SocketHandle::for_test(1, executor_tx);
+    let executor = SocketHandle::for_test(1, executor_tx, QUEUE_BYTES);
     assert!(router.attach_executor("env", epoch, &executor));
     let mut harnesses = Vec::new();
     for (id, sid, features) in [
@@ -575,7 +582,7 @@ async fn an_executor_socket_ending_resets_codex_streams_and_parks_reliable_ones(
         (3, "reliable-stream", StreamFeatures::RELIABLE),
     ] {
         let (tx, rx) = mpsc::channel(64);
-        let harness = SocketHandle::for_test(id, tx);
+        let harness = SocketHandle::for_test(id, tx, QUEUE_BYTES);
         assert!(router.open_harness("env", epoch, &harness));
         assert!(router.bind_harness("env", "kh", &harness, sid));
         let msg1 = proto::frame(sid, 0, 0, handshake_body_with(vec![1; 96], features));
@@ -606,7 +613,7 @@ async fn an_executor_socket_ending_resets_codex_streams_and_parks_reliable_ones(
 
     // A new harness's msg1 while the executor is away reaches it once it is back.
     let (tx, _rx) = mpsc::channel(64);
-    let newcomer = SocketHandle::for_test(4, tx);
+    let newcomer = SocketHandle::for_test(4, tx, QUEUE_BYTES);
     assert!(router.open_harness("env", epoch, &newcomer));
     assert!(router.bind_harness("env", "kh", &newcomer, "new-stream"));
     let msg1 = proto::frame(
@@ -617,11 +624,28 @@ async fn an_executor_socket_ending_resets_codex_streams_and_parks_reliable_ones(
     );
     assert!(router.forward_from_harness("env", &newcomer, proto::encode(&msg1), &msg1));
     let (tx, mut back_rx) = mpsc::channel(64);
-    let back = SocketHandle::for_test(5, tx);
+    let back = SocketHandle::for_test(5, tx, QUEUE_BYTES);
     assert!(router.attach_executor("env", epoch, &back));
     let Ok(Out::Frame(held)) = back_rx.try_recv() else {
         panic!("the held msg1 was not delivered");
     };
     assert_eq!(held, proto::encode(&msg1));
     assert!(back_rx.try_recv().is_err());
+}
+
+#[test]
+fn a_socket_queue_holds_its_bytes_and_drops_what_does_not_fit() {
+    let (tx, mut rx) = mpsc::channel(1_024);
+    let socket = SocketHandle::for_test(1, tx, 1_000);
+    for _ in 0..3 {
+        socket.send(Bytes::from(vec![0u8; 400]));
+    }
+    // Two frames fit; the third would pass the bytes, though the channel has room.
+    assert_eq!(socket.queued_bytes(), 800);
+    assert!(matches!(rx.try_recv(), Ok(Out::Frame(f)) if f.len() == 400));
+    assert!(matches!(rx.try_recv(), Ok(Out::Frame(f)) if f.len() == 400));
+    assert!(
+        rx.try_recv().is_err(),
+        "the frame beyond the bytes was dropped"
+    );
 }

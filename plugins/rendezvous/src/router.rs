@@ -6,7 +6,7 @@
 //! [`Router::registrations_ended`], which registrations' sockets to close.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +25,8 @@ use crate::store::{Ended, Epoch, Held, Removal};
 const CLOSED_IDS: usize = 1_024;
 /// Invalid frames that close a harness socket (§6.2).
 pub(crate) const MAX_INVALID_FRAMES: u32 = 8;
-/// Frames queued towards one socket; beyond that frames are dropped (endpoints retransmit).
+/// Frames queued towards one socket; beyond that, or beyond the socket's queue bytes
+/// (`rendezvous.socket_queue_bytes`), frames are dropped (endpoints retransmit).
 const SOCKET_QUEUE: usize = 1_024;
 
 /// Timing of the router's liveness checks; tests shorten them.
@@ -34,6 +35,9 @@ pub struct RouterTiming {
     pub ping_interval: Duration,
     pub pong_timeout: Duration,
     pub sweep_every: Duration,
+    /// A write to a socket that has not finished after this (the peer takes nothing)
+    /// closes the socket (`rendezvous.stalled_peer_timeout_ms`).
+    pub stalled_peer_timeout: Duration,
 }
 
 impl Default for RouterTiming {
@@ -42,6 +46,7 @@ impl Default for RouterTiming {
             ping_interval: Duration::from_secs(30),
             pong_timeout: Duration::from_secs(60),
             sweep_every: Duration::from_millis(250),
+            stalled_peer_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -62,6 +67,9 @@ pub(crate) enum Out {
 pub(crate) struct SocketHandle {
     pub(crate) id: u64,
     tx: mpsc::Sender<Out>,
+    /// Bytes of the frames in `tx`, at most `queue_bytes`.
+    queued: Arc<AtomicUsize>,
+    queue_bytes: usize,
     pub(crate) kill: CancellationToken,
     /// Cancelled once the writer has finished (its close frame, if any, is written).
     written: CancellationToken,
@@ -70,19 +78,38 @@ pub(crate) struct SocketHandle {
 impl SocketHandle {
     /// A handle whose frames land in `tx` instead of a WebSocket.
     #[cfg(test)]
-    pub(crate) fn for_test(id: u64, tx: mpsc::Sender<Out>) -> Self {
+    pub(crate) fn for_test(id: u64, tx: mpsc::Sender<Out>, queue_bytes: usize) -> Self {
         Self {
             id,
             tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            queue_bytes,
             kill: CancellationToken::new(),
             written: CancellationToken::new(),
         }
     }
 
+    /// Queues `bytes`, unless the socket's queue is full (in frames or bytes): then the
+    /// frame is dropped and the endpoints' retransmission makes up for it.
     pub(crate) fn send(&self, bytes: Bytes) {
-        if self.tx.try_send(Out::Frame(bytes)).is_err() {
+        let len = bytes.len();
+        let room = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                (queued + len <= self.queue_bytes).then_some(queued + len)
+            });
+        if room.is_err() || self.tx.try_send(Out::Frame(bytes)).is_err() {
+            if room.is_ok() {
+                self.queued.fetch_sub(len, Ordering::AcqRel);
+            }
             tracing::debug!(socket = self.id, "socket queue full; frame dropped");
         }
+    }
+
+    /// Bytes queued towards the socket now.
+    #[cfg(test)]
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 
     pub(crate) fn close(&self, code: u16) {
@@ -247,16 +274,25 @@ pub struct Router {
     /// How long a detached executor and a parked route are waited for (§8.7).
     grace: Duration,
     max_parked: usize,
+    /// Bytes queued towards one socket at most.
+    queue_bytes: usize,
     pub(crate) timing: RouterTiming,
     next_socket: AtomicU64,
 }
 
 impl Router {
-    pub fn new(grace: Duration, max_parked: usize, timing: RouterTiming) -> Self {
+    /// `queue_bytes`: bytes queued towards one socket at most.
+    pub fn new(
+        grace: Duration,
+        max_parked: usize,
+        queue_bytes: usize,
+        timing: RouterTiming,
+    ) -> Self {
         Self {
             envs: Mutex::new(HashMap::new()),
             grace,
             max_parked,
+            queue_bytes,
             timing,
             next_socket: AtomicU64::new(1),
         }
@@ -334,12 +370,19 @@ impl Router {
     ) {
         let (sink, stream) = socket.split();
         let (tx, rx) = mpsc::channel(SOCKET_QUEUE);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let rx = Queue {
+            rx,
+            queued: Arc::clone(&queued),
+        };
         let kill = CancellationToken::new();
         let written = CancellationToken::new();
         let last_pong = Arc::new(Mutex::new(Instant::now()));
         let handle = SocketHandle {
             id: self.next_socket.fetch_add(1, Ordering::Relaxed),
             tx,
+            queued,
+            queue_bytes: self.queue_bytes,
             kill: kill.clone(),
             written: written.clone(),
         };
@@ -667,13 +710,39 @@ pub(crate) fn decode_valid(bytes: &[u8]) -> Option<proto::RelayMessageFrame> {
     Some(frame)
 }
 
+/// The receiving end of a socket's queue: what it hands out no longer counts against the
+/// socket's queue bytes (the sink holds at most a burst of it).
+struct Queue {
+    rx: mpsc::Receiver<Out>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Queue {
+    fn taken(&self, out: Out) -> Out {
+        if let Out::Frame(bytes) = &out {
+            self.queued.fetch_sub(bytes.len(), Ordering::AcqRel);
+        }
+        out
+    }
+
+    async fn recv(&mut self) -> Option<Out> {
+        let out = self.rx.recv().await?;
+        Some(self.taken(out))
+    }
+
+    fn try_recv(&mut self) -> Option<Out> {
+        let out = self.rx.try_recv().ok()?;
+        Some(self.taken(out))
+    }
+}
+
 /// Writes what is already queued for a socket that is being killed, ending with its
 /// close frame if one was queued.
 async fn flush_queued(
     sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
-    rx: &mut mpsc::Receiver<Out>,
+    rx: &mut Queue,
 ) {
-    while let Ok(out) = rx.try_recv() {
+    while let Some(out) = rx.try_recv() {
         let message = match out {
             Out::Frame(bytes) => Message::Binary(bytes),
             Out::Close(code) => Message::Close(Some(CloseFrame {
@@ -698,18 +767,18 @@ const BURST_FRAMES: usize = 64;
 async fn write_burst(
     sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
     first: Bytes,
-    rx: &mut mpsc::Receiver<Out>,
+    rx: &mut Queue,
 ) -> Result<Option<u16>, axum::Error> {
     sink.feed(Message::Binary(first)).await?;
     let mut close = None;
     for _ in 1..BURST_FRAMES {
         match rx.try_recv() {
-            Ok(Out::Frame(bytes)) => sink.feed(Message::Binary(bytes)).await?,
-            Ok(Out::Close(code)) => {
+            Some(Out::Frame(bytes)) => sink.feed(Message::Binary(bytes)).await?,
+            Some(Out::Close(code)) => {
                 close = Some(code);
                 break;
             }
-            Err(_) => break,
+            None => break,
         }
     }
     sink.flush().await?;
@@ -718,7 +787,7 @@ async fn write_burst(
 
 async fn write_loop(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
-    mut rx: mpsc::Receiver<Out>,
+    mut rx: Queue,
     kill: CancellationToken,
     last_pong: Arc<Mutex<Instant>>,
     timing: RouterTiming,
@@ -731,18 +800,26 @@ async fn write_loop(
         tokio::select! {
             _ = kill.cancelled() => {
                 // A socket closed right after `close(code)` still tells its peer why.
-                flush_queued(&mut sink, &mut rx).await;
+                let flush = flush_queued(&mut sink, &mut rx);
+                let _ = tokio::time::timeout(timing.stalled_peer_timeout, flush).await;
                 break;
             }
             out = rx.recv() => match out {
-                Some(Out::Frame(bytes)) => match write_burst(&mut sink, bytes, &mut rx).await {
-                    Ok(None) => {}
-                    Ok(Some(code)) => {
-                        let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: "".into() }))).await;
-                        break;
+                Some(Out::Frame(bytes)) => {
+                    let burst = write_burst(&mut sink, bytes, &mut rx);
+                    match tokio::time::timeout(timing.stalled_peer_timeout, burst).await {
+                        Ok(Ok(None)) => {}
+                        Ok(Ok(Some(code))) => {
+                            let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: "".into() }))).await;
+                            break;
+                        }
+                        Ok(Err(_)) => break,
+                        Err(_) => {
+                            tracing::warn!("stalled_peer: a relay socket took nothing for rendezvous.stalled_peer_timeout_ms; closing it");
+                            break;
+                        }
                     }
-                    Err(_) => break,
-                },
+                }
                 Some(Out::Close(code)) => {
                     let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: "".into() }))).await;
                     break;
@@ -757,7 +834,8 @@ async fn write_loop(
                 if unanswered.is_none() {
                     unanswered = Some(Instant::now());
                 }
-                if sink.send(Message::Ping(Bytes::new())).await.is_err() {
+                let ping = sink.send(Message::Ping(Bytes::new()));
+                if !matches!(tokio::time::timeout(timing.stalled_peer_timeout, ping).await, Ok(Ok(()))) {
                     break;
                 }
             }
@@ -773,5 +851,6 @@ async fn write_loop(
         }
     }
     kill.cancel();
-    let _ = sink.close().await;
+    // A peer that takes nothing does not take a close either: its socket is dropped then.
+    let _ = tokio::time::timeout(timing.stalled_peer_timeout, sink.close()).await;
 }

@@ -295,9 +295,14 @@ pub async fn start(
         Arc::new(RedisStore::new(&config, &config.store, node_url).map_err(StartError::Tokens)?)
     };
     tracing::info!(address = %local_addr, tls = tls.is_some(), "rendezvous listening");
+    let timing = RouterTiming {
+        stalled_peer_timeout: Duration::from_millis(config.stalled_peer_timeout_ms),
+        ..timing
+    };
     let router = Router::new(
         Duration::from_secs(config.grace_secs),
         config.max_parked_streams_per_environment,
+        config.socket_queue_bytes,
         timing,
     );
     let hub = Hub::new(store, router);

@@ -15,12 +15,13 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use exec_server_core::proto::fs::COPY;
 use exec_server_core::proto::RpcError;
 use exec_server_sandbox::anchored::{open_exact, Directory, EntryKind, Names};
 use exec_server_sandbox::policy::{resolve, AccessKind, SandboxPolicy};
 use rustix::fs::{Mode, OFlags};
 
-use crate::blocking::IoResultExt;
+use crate::blocking::{Deadline, IoResultExt};
 use crate::copy_data::copy_opened;
 use crate::created_modes;
 
@@ -64,7 +65,7 @@ pub(crate) fn copy(
                 return Err(RpcError::copy_unsupported_type());
             }
             let to = create_file(&destination, source.mode())?;
-            copy_opened(from, to, None)
+            copy_opened(from, to, &Deadline::in_fs_helper(COPY))
         }
         EntryKind::Other => Err(RpcError::copy_unsupported_type()),
     }
@@ -185,7 +186,11 @@ fn copy_tree(
                 // Swapped for a special file since it was listed: skipped like one.
                 let source = from.metadata().or_rpc()?;
                 if source.is_file() {
-                    copy_opened(from, create_file(&target, source.mode())?, None)?;
+                    copy_opened(
+                        from,
+                        create_file(&target, source.mode())?,
+                        &Deadline::in_fs_helper(COPY),
+                    )?;
                 }
             }
             EntryKind::Other => {}
