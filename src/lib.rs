@@ -53,6 +53,7 @@ use exec_server_core::{plugin, ServerContext, StartupError};
 use exec_server_capabilities as _;
 use exec_server_environment as _;
 use exec_server_fs as _;
+use exec_server_http as _;
 use exec_server_process as _;
 use exec_server_relay as _;
 use exec_server_rendezvous as _;
@@ -64,6 +65,7 @@ pub const BUILT_IN_PLUGINS: &[(&str, &str)] = &[
     ("capabilities", "exec-server-capabilities"),
     ("environment", "exec-server-environment"),
     ("fs", "exec-server-fs"),
+    ("http", "exec-server-http"),
     ("process", "exec-server-process"),
     ("relay", "exec-server-relay"),
     ("rendezvous", "exec-server-rendezvous"),

@@ -2,10 +2,11 @@
 
 use serde_json::json;
 
-/// The capability flags in codex 0.169.0's order (CODEX-0169 §2.2).
-pub const FLAG_ORDER: [&str; 15] = [
+/// The capability flags in codex 0.171.0's order (CODEX-0169 §2.2, CODEX-0171 §2.1).
+pub const FLAG_ORDER: [&str; 16] = [
     "networkProxyLaunch",
     "networkProxyReviewDomains",
+    "networkProxyTransparentTcp",
     "credentialMasking",
     "credentialMaskingCustomProviders",
     "capabilityDiscoverySandbox",
@@ -43,6 +44,9 @@ pub fn implemented_flags() -> &'static [&'static str] {
         "environmentConfigRead",
         "fileWriteStreaming",
         "fsWatchMissing",
+        "httpHeaderEnvVars",
+        "networkProxyLaunch",
+        "networkProxyReviewDomains",
     ]
 }
 

@@ -879,7 +879,7 @@ async fn bad_input_gets_the_spec_answer_and_the_server_keeps_serving() {
         (
             start_err(json!({"networkProxy": {}})),
             -32602,
-            "process/start field `networkProxy` is not supported by this server",
+            "missing field `proxy`",
         ),
         (
             start_err(json!({"enforceManagedNetwork": true})),

@@ -845,7 +845,8 @@ async fn sandboxed_processes_cannot_write_outside_their_roots() {
         .await;
     assert_eq!(
         error,
-        json!({"code": -32603, "message": "failed to spawn process: No such file or directory (os error 2)"})
+        json!({"code": -32603, "data": {"kind": "spawnNotFound"},
+               "message": "failed to spawn process: No such file or directory (os error 2)"})
     );
     // P9: arg0 is preserved.
     client

@@ -15,7 +15,7 @@ use futures_util::FutureExt;
 use crate::target::WsProcess;
 
 /// The codex release the protocol is compatible with.
-const CODEX_VERSION: &str = "0.169.0";
+const CODEX_VERSION: &str = "0.171.0";
 
 static CODEX: OnceLock<Option<PathBuf>> = OnceLock::new();
 

@@ -8,10 +8,12 @@ pub struct ShellInfo {
     pub path: String,
 }
 
-/// The capability flags of codex 0.169.0, by wire name, in the order it writes them.
+/// The capability flags of codex 0.171.0, by wire name, in the order it writes them
+/// (0.169.0's fifteen and `networkProxyTransparentTcp`, CODEX-0171 §2.1).
 pub mod capability {
     pub const NETWORK_PROXY_LAUNCH: &str = "networkProxyLaunch";
     pub const NETWORK_PROXY_REVIEW_DOMAINS: &str = "networkProxyReviewDomains";
+    pub const NETWORK_PROXY_TRANSPARENT_TCP: &str = "networkProxyTransparentTcp";
     pub const CREDENTIAL_MASKING: &str = "credentialMasking";
     pub const CREDENTIAL_MASKING_CUSTOM_PROVIDERS: &str = "credentialMaskingCustomProviders";
     pub const CAPABILITY_DISCOVERY_SANDBOX: &str = "capabilityDiscoverySandbox";
@@ -28,9 +30,10 @@ pub mod capability {
         "linuxApprovedRootWritePreservesRestrictions";
 
     /// Every flag, in wire order.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         NETWORK_PROXY_LAUNCH,
         NETWORK_PROXY_REVIEW_DOMAINS,
+        NETWORK_PROXY_TRANSPARENT_TCP,
         CREDENTIAL_MASKING,
         CREDENTIAL_MASKING_CUSTOM_PROVIDERS,
         CAPABILITY_DISCOVERY_SANDBOX,
@@ -55,6 +58,7 @@ pub mod capability {
 pub struct Capabilities {
     pub network_proxy_launch: bool,
     pub network_proxy_review_domains: bool,
+    pub network_proxy_transparent_tcp: bool,
     pub credential_masking: bool,
     pub credential_masking_custom_providers: bool,
     pub capability_discovery_sandbox: bool,
@@ -77,6 +81,7 @@ impl Capabilities {
         Some(match name {
             NETWORK_PROXY_LAUNCH => &mut self.network_proxy_launch,
             NETWORK_PROXY_REVIEW_DOMAINS => &mut self.network_proxy_review_domains,
+            NETWORK_PROXY_TRANSPARENT_TCP => &mut self.network_proxy_transparent_tcp,
             CREDENTIAL_MASKING => &mut self.credential_masking,
             CREDENTIAL_MASKING_CUSTOM_PROVIDERS => &mut self.credential_masking_custom_providers,
             CAPABILITY_DISCOVERY_SANDBOX => &mut self.capability_discovery_sandbox,

@@ -71,10 +71,13 @@ pub enum Incoming {
         method: String,
         params: Value,
     },
-    /// A response or error response from the client; the server sends no requests, so these
-    /// are logged and dropped (§2.7).
+    /// A response or error response from the client, to a request the server sent it
+    /// (`network/policyRequest`); one that answers nothing pending is logged and dropped
+    /// (§2.7).
     Response {
         id: Option<RequestId>,
+        /// The `result`, or the `error` object.
+        answer: Result<Value, Value>,
     },
 }
 
@@ -115,12 +118,19 @@ pub fn classify(value: Value) -> Result<Incoming, DecodeError> {
             None => Incoming::Notification { method, params },
         });
     }
-    if object.contains_key("result") {
-        return Ok(Incoming::Response { id });
+    if let Some(result) = object.remove("result") {
+        return Ok(Incoming::Response {
+            id,
+            answer: Ok(result),
+        });
     }
     if let (Some(error), Some(_)) = (object.get("error"), &id) {
         check_error_object(error)?;
-        return Ok(Incoming::Response { id });
+        let error = object.remove("error").unwrap_or(Value::Null);
+        return Ok(Incoming::Response {
+            id,
+            answer: Err(error),
+        });
     }
     Err(DecodeError(
         "message is neither a request, a notification nor a response".into(),

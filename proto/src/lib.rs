@@ -6,6 +6,7 @@
 //! * [`decode`] — the bounded decoder every inbound message goes through (size, value
 //!   count, depth, duplicate keys).
 //! * [`error`] — [`RpcError`] and one constructor per error message the spec names.
+//! * [`start_errors`] — the `data.kind` of a failed `process/start` (codex 0.171.0).
 //! * [`path`] — `file:` URIs and native absolute paths, in both directions.
 //! * [`initialize`], [`process`], [`fs`], [`environment`] — params and results of every
 //!   method, camelCase on the wire.
@@ -19,6 +20,8 @@ pub mod initialize;
 pub mod jsonrpc;
 pub mod path;
 pub mod process;
+pub mod start_errors;
 
 pub use error::RpcError;
 pub use jsonrpc::{Incoming, RequestId};
+pub use start_errors::StartErrorKind;

@@ -82,6 +82,8 @@ pub struct Unenforceable {
 /// `require` mode any missing layer is an error; in `best-effort` mode whatever works is
 /// applied and the rest is reported. `private_uts` says whether the caller entered a UTS
 /// namespace of its own (then renaming the host name is harmless and allowed).
+/// `managed_ports` (the launcher of a managed-network process, in its own network
+/// namespace): IP sockets are allowed and TCP connects only to these ports, the proxy's.
 ///
 /// The caller must be single-threaded: threads that already exist escape both seccomp and
 /// Landlock.
@@ -90,8 +92,9 @@ pub fn apply(
     kind: HelperKind,
     enforcement: Enforcement,
     private_uts: bool,
+    managed_ports: &[u16],
 ) -> Result<EnforcementReport, Unenforceable> {
-    let report = apply_layers(policy, kind, private_uts);
+    let report = apply_layers(policy, kind, private_uts, managed_ports);
     if enforcement == Enforcement::Require && !report.is_complete() {
         return Err(Unenforceable { report });
     }
@@ -99,7 +102,12 @@ pub fn apply(
 }
 
 #[cfg(target_os = "linux")]
-fn apply_layers(policy: &SandboxPolicy, kind: HelperKind, private_uts: bool) -> EnforcementReport {
+fn apply_layers(
+    policy: &SandboxPolicy,
+    kind: HelperKind,
+    private_uts: bool,
+    managed_ports: &[u16],
+) -> EnforcementReport {
     let mut missing = Vec::new();
     // Read while /proc is certainly still visible (Landlock may hide it).
     let last_cap = capabilities::last_cap();
@@ -109,10 +117,16 @@ fn apply_layers(policy: &SandboxPolicy, kind: HelperKind, private_uts: bool) -> 
     }
     // The filter is installed before the ruleset, so the ABI comes from the version query.
     let landlock_abi = landlock_abi_query();
-    let network_restricted = kind == HelperKind::FsHelper || policy.network == Network::Restricted;
+    let network = match (kind, policy.network) {
+        (HelperKind::Launcher, Network::Restricted) if !managed_ports.is_empty() => {
+            seccomp::NetworkFilter::Managed
+        }
+        (HelperKind::Launcher, Network::Enabled) => seccomp::NetworkFilter::Open,
+        _ => seccomp::NetworkFilter::Restricted,
+    };
     let seccomp = no_new_privs
         && seccomp::install(seccomp::FilterScope {
-            network_restricted,
+            network,
             landlock_abi,
             private_uts,
         })
@@ -121,7 +135,7 @@ fn apply_layers(policy: &SandboxPolicy, kind: HelperKind, private_uts: bool) -> 
     if !no_new_privs {
         missing.push("seccomp filter (needs no_new_privs)".to_owned());
     }
-    let outcome = ruleset::restrict_self(policy, kind);
+    let outcome = ruleset::restrict_self(policy, kind, managed_ports);
     if let Some(reason) = outcome.reason {
         missing.push(format!("Landlock ({reason})"));
     }
@@ -147,6 +161,7 @@ fn apply_layers(
     _policy: &SandboxPolicy,
     _kind: HelperKind,
     _private_uts: bool,
+    _managed_ports: &[u16],
 ) -> EnforcementReport {
     EnforcementReport {
         no_new_privs: false,

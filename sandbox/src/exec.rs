@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use exec_server_proto::path::{parse_path, to_file_uri};
-use exec_server_proto::RpcError;
+use exec_server_proto::{RpcError, StartErrorKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -31,7 +31,9 @@ use crate::narrow::{self, MountNamespace, NarrowingOutcome, ProcessNarrowing};
 use crate::policy::{AccessKind, Enforcement, Network, SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH};
 
 pub mod exchange;
+mod fd_passing;
 mod init;
+mod managed_net;
 
 /// `argv[1]` of the sandbox launcher.
 pub const SANDBOX_EXEC_ARG1: &str = "--exec-server-sandbox-exec";
@@ -62,6 +64,11 @@ pub struct LaunchRequest {
     /// Bound of deny-glob expansion for mount narrowing (§8.4).
     #[serde(default = "default_glob_depth")]
     pub glob_scan_max_depth: u32,
+    /// The managed network (CODEX-NETWORK.md §3.5): ports the launcher listens on inside
+    /// the target's network namespace, for the server's proxy; the target may connect to
+    /// these and nothing else. Only with a policy that restricts the network.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub managed_ports: Vec<u16>,
 }
 
 fn default_glob_depth() -> u32 {
@@ -94,6 +101,7 @@ impl LaunchRequest {
             }),
             glob_scan_max_depth: policy
                 .map_or(DEFAULT_GLOB_SCAN_MAX_DEPTH, |(p, _)| p.glob_scan_max_depth),
+            managed_ports: Vec::new(),
         }
     }
 }
@@ -186,6 +194,9 @@ impl From<LandlockState> for LandlockReport {
 #[serde(tag = "status", content = "payload", rename_all = "lowercase")]
 pub enum LaunchLine {
     Ok(LaunchReport),
+    /// Sent before `ok` under the managed network, with the listening sockets of these
+    /// ports attached (in this order).
+    Listeners(Vec<u16>),
     Error(crate::fs_helper::ErrorPayload),
 }
 
@@ -242,13 +253,13 @@ fn parse_args(args: &[OsString]) -> Result<u64, ()> {
 
 /// Steps 2–6.
 fn launch(control: &OwnedFd, request: &LaunchRequest) -> Result<std::convert::Infallible, Failure> {
-    let setup = |e: io::Error| Failure::Setup(RpcError::spawn_failed(e));
+    let setup = |e: io::Error| Failure::Setup(RpcError::spawn_os_error(&e));
     child_setup(request).map_err(|e| match e {
         SetupError::ParentGone => Failure::Silent,
         SetupError::Os(e) => setup(e),
     })?;
     let program = parse_path(&request.program)
-        .map_err(|e| Failure::Setup(RpcError::spawn_failed(e.reason())))?;
+        .map_err(|e| Failure::Setup(RpcError::spawn_failed_other(e.reason())))?;
     let exec = ExecArgs::new(&program, &request.argv, &request.env).map_err(setup)?;
 
     let Some(policy_json) = &request.policy else {
@@ -266,8 +277,13 @@ fn launch(control: &OwnedFd, request: &LaunchRequest) -> Result<std::convert::In
         let error = exec.exec();
         return Err(Failure::Exec(exec_error(&error, &program, None)));
     };
-    let (policy, enforcement) = SandboxPolicy::from_helper_json(&policy_json.to_string())
-        .map_err(|e| Failure::Setup(RpcError::process_sandbox_prepare(e)))?;
+    let (policy, enforcement) =
+        SandboxPolicy::from_helper_json(&policy_json.to_string()).map_err(|e| {
+            Failure::Setup(
+                RpcError::process_sandbox_prepare(e)
+                    .with_start_error_kind(StartErrorKind::SandboxPreparation),
+            )
+        })?;
     let policy = SandboxPolicy {
         glob_scan_max_depth: request.glob_scan_max_depth,
         ..policy
@@ -287,6 +303,7 @@ fn launch(control: &OwnedFd, request: &LaunchRequest) -> Result<std::convert::In
         block_all_signals();
     }
     let namespaces = namespaces::enter(wanted, PrivilegedUserNamespace::Allowed).map_err(setup)?;
+    hand_over_listeners(control, request, namespaces)?;
     if namespaces.contains(Namespace::Mount) {
         narrow::make_root_private().map_err(setup)?;
     }
@@ -307,6 +324,37 @@ fn launch(control: &OwnedFd, request: &LaunchRequest) -> Result<std::convert::In
     Err(Failure::Exec(exec_error(&error, &program, Some(&policy))))
 }
 
+/// The managed network: the proxy's listeners, made in the target's own network namespace
+/// and sent to the server. Without that namespace there is nothing to confine the target
+/// to, and the start fails closed.
+fn hand_over_listeners(
+    control: &OwnedFd,
+    request: &LaunchRequest,
+    namespaces: Namespaces,
+) -> Result<(), Failure> {
+    if request.managed_ports.is_empty() {
+        return Ok(());
+    }
+    if !namespaces.contains(Namespace::Net) {
+        return Err(Failure::Setup(
+            RpcError::process_sandbox_prepare(
+                "the managed network needs a network namespace of its own, which this host refused",
+            )
+            .with_start_error_kind(StartErrorKind::SandboxUnavailable),
+        ));
+    }
+    let listeners = managed_net::open_listeners(&request.managed_ports).map_err(|e| {
+        Failure::Setup(
+            RpcError::process_sandbox_prepare(format!(
+                "the managed network could not be set up: {e}"
+            ))
+            .with_start_error_kind(StartErrorKind::SandboxPreparation),
+        )
+    })?;
+    managed_net::send_listeners(control, &request.managed_ports, &listeners)
+        .map_err(|_| Failure::Silent)
+}
+
 /// What the launcher (or the init) applies before the target starts.
 struct Confinement<'a> {
     policy: &'a SandboxPolicy,
@@ -319,14 +367,20 @@ struct Confinement<'a> {
 impl Confinement<'_> {
     /// Mount narrowing (§8.4), then no_new_privs, seccomp, Landlock and the capability drop.
     fn apply(&self, proc: ProcView) -> Result<LaunchReport, Failure> {
-        let unenforceable = || Failure::Setup(RpcError::sandbox_intent_unenforceable());
+        let unenforceable = || {
+            Failure::Setup(
+                RpcError::sandbox_intent_unenforceable()
+                    .with_start_error_kind(StartErrorKind::SandboxUnavailable),
+            )
+        };
         let mount_namespace = if self.namespaces.contains(Namespace::Mount) {
             MountNamespace::OwnAndPrivate
         } else {
             MountNamespace::Shared
         };
         if self.namespaces.contains(Namespace::Mount) {
-            narrow::mount_minimal_dev().map_err(|e| Failure::Setup(RpcError::spawn_failed(e)))?;
+            narrow::mount_minimal_dev()
+                .map_err(|e| Failure::Setup(RpcError::spawn_os_error(&e)))?;
         }
         let narrowing = narrow::apply(
             self.policy,
@@ -335,12 +389,13 @@ impl Confinement<'_> {
             mount_namespace,
         )
         .map_err(|_| unenforceable())?;
-        reenter_working_directory().map_err(|e| Failure::Setup(RpcError::spawn_failed(e)))?;
+        reenter_working_directory().map_err(|e| Failure::Setup(RpcError::spawn_os_error(&e)))?;
         let applied = enforce::apply(
             self.policy,
             HelperKind::Launcher,
             self.enforcement,
             self.namespaces.contains(Namespace::Uts),
+            &self.request.managed_ports,
         )
         .map_err(|_| unenforceable())?;
         Ok(LaunchReport {
@@ -415,11 +470,13 @@ fn reset_signal_dispositions() {
 }
 
 /// §8.2: `failed to spawn process: <os error>`, flagged as a sandbox denial when the
-/// kernel refused and the policy does not let the program be executed.
+/// kernel refused and the policy does not let the program be executed. The kind is the
+/// OS error's either way (a denial is `spawnPermissionDenied`), set last because the
+/// denial replaces `data`.
 fn exec_error(error: &io::Error, program: &Path, policy: Option<&SandboxPolicy>) -> RpcError {
     let spawn = RpcError::spawn_failed(error);
     let refused = matches!(error.raw_os_error(), Some(libc::EACCES | libc::EPERM));
-    match policy {
+    let spawn = match policy {
         Some(policy)
             if refused
                 && !policy.allows(&crate::policy::resolve(program, true), AccessKind::Read) =>
@@ -427,7 +484,8 @@ fn exec_error(error: &io::Error, program: &Path, policy: Option<&SandboxPolicy>)
             spawn.with_sandbox_denied()
         }
         _ => spawn,
-    }
+    };
+    spawn.with_start_error_kind(StartErrorKind::of_spawn_error(error))
 }
 
 /// Reads the launch line and the descriptor attached to its first byte.

@@ -217,6 +217,7 @@ pub fn main(args: &[OsString], decoder: FsDecoder) -> i32 {
             HelperKind::FsHelper,
             enforcement,
             namespaces.contains(Namespace::Uts),
+            &[],
         )
         .map_err(|_| ())
     });

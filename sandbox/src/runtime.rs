@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use exec_server_core::config::{ConfigError, ConfigSource};
-use exec_server_proto::RpcError;
+use exec_server_proto::{RpcError, StartErrorKind};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -286,7 +286,8 @@ impl SandboxRuntime {
         if self.enforceable() {
             Ok(())
         } else {
-            Err(RpcError::sandbox_intent_unenforceable())
+            Err(RpcError::sandbox_intent_unenforceable()
+                .with_start_error_kind(StartErrorKind::SandboxUnavailable))
         }
     }
 

@@ -59,7 +59,14 @@ fn probe(policy: &str, t: &Path) {
         "Threads",
     );
     let (policy, _) = SandboxPolicy::from_helper_json(policy).unwrap();
-    enforce::apply(&policy, HelperKind::FsHelper, Enforcement::Require, false).expect("enforced");
+    enforce::apply(
+        &policy,
+        HelperKind::FsHelper,
+        Enforcement::Require,
+        false,
+        &[],
+    )
+    .expect("enforced");
     let mut results = serde_json::Map::new();
     let mut record = |name: &str, value: Value| {
         results.insert(name.to_owned(), value);

@@ -237,9 +237,19 @@ impl Processor {
                 self.handle_request(id, method, params, traceparent).await
             }
             Incoming::Notification { method, .. } => self.handle_notification(&method).await,
-            Incoming::Response { id } => {
-                tracing::debug!(?id, "dropping a response sent by the client");
-            }
+            Incoming::Response { id, answer } => self.handle_response(id, answer),
+        }
+    }
+
+    /// An answer to a request the server sent: to the session's request with that id, if
+    /// one waits; anything else is dropped (§2.7).
+    fn handle_response(&self, id: Option<RequestId>, answer: Result<Value, Value>) {
+        let delivered = match (&self.session, &id) {
+            (Some((session, _)), Some(RequestId::Int(n))) => session.client_answered(*n, answer),
+            _ => false,
+        };
+        if !delivered {
+            tracing::debug!(?id, "dropping a response that answers nothing pending");
         }
     }
 

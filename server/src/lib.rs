@@ -25,6 +25,7 @@
 //!   environment, descriptor limit raised.
 
 pub mod call;
+pub mod client_requests;
 pub mod config_section;
 pub mod connection;
 pub mod descriptor_config;
@@ -49,6 +50,7 @@ pub mod worker_threads;
 
 pub use async_trait::async_trait;
 pub use call::{Call, Parked, ResponseQueued};
+pub use client_requests::{ClientAnswer, NoAnswer};
 pub use config_section::ConfigSection;
 pub use descriptors::DescriptorLease;
 pub use exec_server_config as config;

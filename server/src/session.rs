@@ -13,6 +13,7 @@ use exec_server_proto::RpcError;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::client_requests::{ClientAnswer, ClientRequests, NoAnswer};
 use crate::extensions::{Extensions, SessionState};
 use crate::metrics;
 pub use crate::outbound::Outbound;
@@ -32,6 +33,8 @@ pub struct Session {
     id: String,
     attachment: Mutex<Attachment>,
     extensions: Extensions,
+    /// Requests sent to the client that wait for its answer.
+    client_requests: Arc<ClientRequests>,
 }
 
 impl std::fmt::Debug for Session {
@@ -53,6 +56,7 @@ impl Session {
                 ended: false,
             }),
             extensions: Extensions::default(),
+            client_requests: Arc::default(),
         }
     }
 
@@ -136,6 +140,36 @@ impl Session {
             return false;
         };
         outbound.notify_frame_with(method, frame).await
+    }
+
+    /// Sends the client a request and waits for its answer (the caller bounds the wait;
+    /// dropping the future gives the request up). Sent to whichever connection the session
+    /// is attached to; the answer must come back on an attached connection of the session.
+    pub async fn request_client<P: Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<ClientAnswer, NoAnswer> {
+        let pending = self.client_requests.register()?;
+        let frame = || {
+            serde_json::to_string(&serde_json::json!({
+                "id": pending.id,
+                "method": method,
+                "params": params,
+            }))
+        };
+        if !self.notify_frame_with(method, frame).await {
+            return Err(NoAnswer::Disconnected);
+        }
+        let mut pending = pending;
+        (&mut pending.answer)
+            .await
+            .map_err(|_| NoAnswer::Disconnected)
+    }
+
+    /// Hands the client's answer to request `id`; `false` when nothing waits for it.
+    pub fn client_answered(&self, id: i64, answer: ClientAnswer) -> bool {
+        self.client_requests.answer(id, answer)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Attachment> {

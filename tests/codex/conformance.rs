@@ -1,8 +1,9 @@
-//! The same protocol checks against `codex exec-server` 0.169.0 and this server, side by
-//! side (CODEX-0169 §5.4): the `initialize` members (§2.2), `environmentConfig/read`'s
-//! errors (§2.5), the WebSocket auth answers (§3.4) and the wire limits (§2.9). Where the
-//! two must agree the test compares them; the differences that remain are deliberate and
-//! listed in docs/PROTOCOL.md ("Differences from codex 0.169.0"), each asserted here as it
+//! The same protocol checks against `codex exec-server` 0.171.0 and this server, side by
+//! side (CODEX-0169 §5.4): the `initialize` members (§2.2, CODEX-0171 §2.1),
+//! `environmentConfig/read`'s errors (§2.5), the WebSocket auth answers (§3.4), the wire
+//! limits (§2.9) and the `data.kind` of failed `process/start`s (CODEX-0171 §2.2). Where
+//! the two must agree the test compares them; the differences that remain are deliberate
+//! and listed in docs/PROTOCOL.md ("Differences from codex"), each asserted here as it
 //! is, so a change on either side shows up.
 
 use std::process::Stdio;
@@ -169,7 +170,7 @@ async fn initialize_carries_the_same_environment_info_members() {
             .collect()
     };
     assert_eq!(claimed(ours), crate::environment::implemented_flags());
-    assert_eq!(claimed(codex).len(), 14, "{codex}");
+    assert_eq!(claimed(codex).len(), 15, "{codex}");
 }
 
 #[tokio::test]
@@ -662,4 +663,320 @@ async fn discovery_answers_agree() {
     let v2 = codex[2].as_ref().unwrap();
     assert_eq!(v2["plugins"][0]["version"], "1.10.0", "{v2}");
     assert_eq!(v2["skills"].as_array().unwrap().len(), 3, "{v2}");
+}
+
+/// One `process/start` failure as both servers answer it: the same code and `data` (the
+/// kind), and each side's message. `codex` and `ours` are `None` where that side starts the
+/// process instead (a deliberate difference, docs/PROTOCOL.md).
+struct StartRow {
+    name: &'static str,
+    params: Value,
+    codex: Option<(i64, Option<&'static str>, String)>,
+    ours: Option<(i64, Option<&'static str>, String)>,
+}
+
+/// The rows of CODEX-0171 §2.2 that codex 0.171.0 can run on this host, against both
+/// servers. Codes and kinds agree; our spawn messages keep their `failed to spawn process: `
+/// prefix and our sandbox path messages their own wording (PROTOCOL §4.2.3, SANDBOX.md
+/// §2.7), as before 0.171.0.
+#[tokio::test]
+async fn process_start_error_kinds_agree() {
+    let Some(bench) = Bench::new("process_start_error_kinds_agree") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let file = |name: &str, text: &str, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = root.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let not_executable = file("not-executable", "#!/bin/sh\n", 0o644);
+    let not_a_program = file("not-a-program", "garbage\n", 0o755);
+    let no_interpreter = file("no-interpreter", "#!/nonexistent/interpreter\n", 0o755);
+    // codex requires `windowsSandboxLevel`; we accept it.
+    let sandbox = |extra: Value| {
+        let mut sandbox = json!({"windowsSandboxLevel": "disabled", "permissions": {
+            "type": "managed", "network": "restricted", "file_system": {"type": "restricted",
+            "entries": [{"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"}]}}});
+        for (key, value) in extra.as_object().unwrap() {
+            sandbox[key] = value.clone();
+        }
+        sandbox
+    };
+    let permission = |path: &str| {
+        let mut s = sandbox(json!({}));
+        s["permissions"]["file_system"]["entries"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"path": {"type": "path", "path": path}, "access": "read"}));
+        s
+    };
+    let spawn = |kind: &'static str, os: &str| {
+        (
+            Some((-32603, Some(kind), os.to_owned())),
+            Some((-32603, Some(kind), format!("failed to spawn process: {os}"))),
+        )
+    };
+    let prepare = |codex: String, ours: String| {
+        (
+            Some((-32602, Some("sandboxPreparation"), codex)),
+            Some((-32602, Some("sandboxPreparation"), ours)),
+        )
+    };
+    let enoent = "No such file or directory (os error 2)";
+    let foreign = |uri: &str| format!("'{uri}' is invalid on 'linux'");
+    let remote = "invalid path `file://otherhost/x`: file URI host `otherhost` is not supported; only an empty host or localhost";
+    let mut rows = vec![
+        (
+            "argv[0] missing",
+            json!({"argv": ["/nonexistent/program"]}),
+            spawn("spawnNotFound", enoent),
+        ),
+        (
+            "argv[0] not in PATH",
+            json!({"argv": ["no-such-program-xyz"]}),
+            spawn("spawnNotFound", enoent),
+        ),
+        (
+            "argv[0] missing, tty",
+            json!({"argv": ["/nonexistent/program"], "tty": true}),
+            spawn("spawnNotFound", enoent),
+        ),
+        (
+            "argv[0] missing, pipeStdin",
+            json!({"argv": ["/nonexistent/program"], "pipeStdin": true}),
+            spawn("spawnNotFound", enoent),
+        ),
+        (
+            "cwd missing",
+            json!({"cwd": "file:///nonexistent-directory-xyz"}),
+            spawn("spawnNotFound", enoent),
+        ),
+        (
+            "#! interpreter missing",
+            json!({"argv": [no_interpreter]}),
+            spawn("spawnNotFound", enoent),
+        ),
+        (
+            "mode 0644",
+            json!({"argv": [not_executable]}),
+            spawn("spawnPermissionDenied", "Permission denied (os error 13)"),
+        ),
+        (
+            "a directory",
+            json!({"argv": ["/tmp"]}),
+            spawn("spawnPermissionDenied", "Permission denied (os error 13)"),
+        ),
+        (
+            "cwd a file",
+            json!({"cwd": format!("file://{not_a_program}")}),
+            spawn("spawnFailed", "Not a directory (os error 20)"),
+        ),
+        (
+            "not a program",
+            json!({"argv": [not_a_program]}),
+            spawn("spawnFailed", "Exec format error (os error 8)"),
+        ),
+        (
+            "NUL in an argument",
+            json!({"argv": ["/bin/echo", "a\u{0}b"]}),
+            (
+                Some((
+                    -32603,
+                    Some("spawnFailed"),
+                    "nul byte found in provided data".to_owned(),
+                )),
+                Some((
+                    -32603,
+                    Some("spawnFailed"),
+                    "failed to spawn process: argument, environment or path contains a NUL byte"
+                        .to_owned(),
+                )),
+            ),
+        ),
+        (
+            "permission path C:",
+            json!({"sandbox": permission("file:///C:/x")}),
+            prepare(
+                format!(
+                    "failed to prepare process sandbox: invalid sandbox permission path: {}",
+                    foreign("file:///C:/x")
+                ),
+                format!(
+                    "invalid sandbox permission path URI: {}",
+                    foreign("file:///C:/x")
+                ),
+            ),
+        ),
+        (
+            "permission path on another host",
+            json!({"sandbox": permission("file://otherhost/x")}),
+            prepare(
+                format!(
+                    "failed to prepare process sandbox: invalid sandbox permission path: {}",
+                    foreign("file://otherhost/x")
+                ),
+                remote.to_owned(),
+            ),
+        ),
+        (
+            "sandbox cwd C:",
+            json!({"sandbox": sandbox(json!({"cwd": "file:///C:/x"}))}),
+            prepare(
+                format!(
+                    "failed to prepare process sandbox: invalid sandbox policy cwd: {}",
+                    foreign("file:///C:/x")
+                ),
+                format!(
+                    "invalid sandbox permission path URI: {}",
+                    foreign("file:///C:/x")
+                ),
+            ),
+        ),
+        (
+            "sandbox cwd on another host",
+            json!({"sandbox": sandbox(json!({"cwd": "file://otherhost/x"}))}),
+            prepare(
+                format!(
+                    "failed to prepare process sandbox: invalid sandbox policy cwd: {}",
+                    foreign("file://otherhost/x")
+                ),
+                remote.to_owned(),
+            ),
+        ),
+        (
+            "workspace root C:",
+            json!({"sandbox": sandbox(json!({"workspaceRoots": ["file:///C:/x"]}))}),
+            prepare(
+                format!(
+                    "failed to prepare process sandbox: invalid sandbox workspace root: {}",
+                    foreign("file:///C:/x")
+                ),
+                format!(
+                    "file system sandbox workspace root is not native to this exec-server host: {}",
+                    foreign("file:///C:/x")
+                ),
+            ),
+        ),
+        (
+            "argv empty (no kind)",
+            json!({"argv": []}),
+            (
+                Some((-32602, None, "argv must not be empty".to_owned())),
+                Some((-32602, None, "argv must not be empty".to_owned())),
+            ),
+        ),
+        (
+            "process cwd C: (no kind)",
+            json!({"cwd": "file:///C:/x"}),
+            (
+                Some((
+                    -32602,
+                    None,
+                    format!(
+                        "cwd URI `file:///C:/x` is not valid on this exec-server host: {}",
+                        foreign("file:///C:/x")
+                    ),
+                )),
+                Some((
+                    -32602,
+                    None,
+                    format!(
+                        "cwd URI `file:///C:/x` is not valid on this exec-server host: {}",
+                        foreign("file:///C:/x")
+                    ),
+                )),
+            ),
+        ),
+    ];
+    // Rows that start a sandboxed process on our side need Landlock.
+    if crate::sandbox::landlock_available() {
+        rows.extend([
+            (
+                "cwd missing, sandboxed",
+                json!({"cwd": "file:///nonexistent-directory-xyz", "sandbox": sandbox(json!({}))}),
+                spawn("spawnNotFound", enoent),
+            ),
+            (
+                "windowsSandboxLevel mxc",
+                json!({"sandbox": sandbox(json!({"windowsSandboxLevel": "mxc"}))}),
+                (
+                    Some((
+                        -32602,
+                        Some("sandboxUnavailable"),
+                        "native MXC is unavailable on this executor".to_owned(),
+                    )),
+                    // Deliberate: the Windows members have no effect on Linux (SANDBOX.md §2.3).
+                    None,
+                ),
+            ),
+            (
+                "argv[0] missing, sandboxed",
+                json!({"argv": ["/nonexistent/program"], "sandbox": sandbox(json!({}))}),
+                (
+                    // codex starts the sandbox and the program fails inside it.
+                    None,
+                    Some((
+                        -32603,
+                        Some("spawnNotFound"),
+                        format!("failed to spawn process: {enoent}"),
+                    )),
+                ),
+            ),
+        ]);
+    }
+    let rows: Vec<StartRow> = rows
+        .into_iter()
+        .map(|(name, params, (codex, ours))| StartRow {
+            name,
+            params,
+            codex,
+            ours,
+        })
+        .collect();
+    let requests: Vec<(&str, Value)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let mut params = json!({"processId": format!("p{i}"), "argv": ["/bin/true"],
+                "cwd": "file:///tmp", "env": {"PATH": "/usr/bin:/bin"}, "tty": false});
+            for (key, value) in row.params.as_object().unwrap() {
+                params[key] = value.clone();
+            }
+            ("process/start", params)
+        })
+        .collect();
+    for side in [Side::Codex, Side::Ours] {
+        let got = answers(&bench, side, &requests).await;
+        for (row, answer) in rows.iter().zip(got) {
+            let expected = match side {
+                Side::Codex => &row.codex,
+                Side::Ours => &row.ours,
+            };
+            match (expected, answer) {
+                (None, Ok(result)) => assert_eq!(
+                    result["sandboxType"], "linuxSeccomp",
+                    "{side:?} {}",
+                    row.name
+                ),
+                (Some((code, kind, message)), Err(error)) => {
+                    let data = kind.map(|kind| json!({"kind": kind}));
+                    assert_eq!(
+                        (&error["code"], error.get("data"), &error["message"]),
+                        (&json!(code), data.as_ref(), &json!(message)),
+                        "{side:?} {}: {error}",
+                        row.name
+                    );
+                }
+                (expected, answer) => panic!(
+                    "{side:?} {}: expected {:?}, got {answer:?}",
+                    row.name,
+                    expected.as_ref().map(|e| &e.2)
+                ),
+            }
+        }
+    }
 }

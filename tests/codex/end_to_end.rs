@@ -1,17 +1,18 @@
-//! `codex exec` (the real codex CLI 0.169.0) with this server as its execution environment
-//! (`CODEX_EXEC_SERVER_URL`, plain WebSocket) and a fake model that asks for one shell
-//! command: the command's effect must appear on disk, and the recording proxy between
-//! codex and the server shows which methods codex called and what they answered.
+//! `codex exec` (the real codex CLI, 0.171.0 and the older 0.169.0) with this server as its
+//! execution environment (`CODEX_EXEC_SERVER_URL`, plain WebSocket) and a fake model that
+//! asks for one shell command: the command's effect must appear on disk, and the recording
+//! proxy between codex and the server shows which methods codex called and what they
+//! answered.
 
 use std::time::Duration;
 
 use super::fake_model::{FakeModel, FINAL_TEXT};
 use super::proxy::RecordingProxy;
-use super::{codex_bin, CodexHome};
+use super::{codex_bin_of, CodexHome, CODEX_VERSION, CODEX_VERSION_0169};
 use crate::util::WsServer;
 
 /// Whether this server implements `fs/watchMissing` (the fs part of the codex 0.169.0
-/// parity work). While it does not, its capability flag `fsWatchMissing` is `false` and
+/// parity work, unchanged in 0.171.0). While it does not, its capability flag `fsWatchMissing` is `false` and
 /// codex does not call the method; once it does, codex calls it in every session and it
 /// must succeed. FLIP THIS to `true` when `fs/watchMissing` lands.
 const FS_WATCH_MISSING_IMPLEMENTED: bool = true;
@@ -21,7 +22,27 @@ const RUN_DEADLINE: Duration = Duration::from_secs(180);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_exec_runs_a_shell_command_through_this_server() {
-    let Some(codex) = codex_bin("codex_exec_runs_a_shell_command_through_this_server") else {
+    exec_turn_through_this_server(
+        CODEX_VERSION,
+        "codex_exec_runs_a_shell_command_through_this_server",
+    )
+    .await;
+}
+
+/// The same turn with the release before, which older clients still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_0169_exec_runs_a_shell_command_through_this_server() {
+    exec_turn_through_this_server(
+        CODEX_VERSION_0169,
+        "codex_0169_exec_runs_a_shell_command_through_this_server",
+    )
+    .await;
+}
+
+/// One `codex exec` turn of codex `version` through this server, checked as described
+/// in the module's documentation.
+async fn exec_turn_through_this_server(version: &str, test: &str) {
+    let Some(codex) = codex_bin_of(version, test) else {
         return;
     };
     let home = CodexHome::new();
@@ -44,7 +65,7 @@ async fn codex_exec_runs_a_shell_command_through_this_server() {
     let exchanges = proxy.exchanges();
     let methods: Vec<&str> = exchanges.iter().map(|e| e.method.as_str()).collect();
     let context = format!("stdout:\n{stdout}\nstderr:\n{stderr}\nmethods: {methods:?}");
-    println!("codex called, in order: {methods:?}");
+    println!("codex {version} called, in order: {methods:?}");
     assert!(output.status.success(), "codex exec failed\n{context}");
     assert!(stdout.contains(FINAL_TEXT), "{context}");
 

@@ -1,7 +1,7 @@
 //! A stand-in for the model: an HTTP/1.1 endpoint speaking enough of the OpenAI Responses
 //! API (`POST /v1/responses`, streamed as server-sent events) for `codex exec` to run one
-//! turn. The first request is answered with one `exec_command` tool call running
-//! `command`; once a request carries that call's output, with a final message. Every
+//! turn. The first request is answered with one tool call (`exec_command` of a command,
+//! or any [`ToolCall`]); once a request carries that call's output, with a final message. Every
 //! request body is kept for the test to inspect.
 
 use std::sync::{Arc, Mutex};
@@ -32,12 +32,33 @@ impl Drop for FakeModel {
     }
 }
 
+/// The one tool call the fake asks for: a function name (inside `namespace` for a tool
+/// codex offers in a namespace, such as an MCP server's) and its JSON arguments.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub namespace: Option<String>,
+    pub name: String,
+    pub arguments: Value,
+}
+
 impl FakeModel {
+    /// A model that asks for `exec_command` of `command`.
     pub async fn start(command: &str) -> Self {
+        let arguments = json!({"cmd": command, "yield_time_ms": 10000});
+        Self::start_with(ToolCall {
+            namespace: None,
+            name: "exec_command".to_owned(),
+            arguments,
+        })
+        .await
+    }
+
+    /// A model that asks for `call`.
+    pub async fn start_with(call: ToolCall) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let command = command.to_owned();
+        let call = Arc::new(call);
         let seen = Arc::clone(&requests);
         let task = tokio::spawn(async move {
             loop {
@@ -45,7 +66,7 @@ impl FakeModel {
                     return;
                 };
                 let seen = Arc::clone(&seen);
-                let command = command.clone();
+                let command = Arc::clone(&call);
                 tokio::spawn(async move {
                     let _ = serve(stream, &seen, &command).await;
                 });
@@ -68,7 +89,7 @@ impl FakeModel {
 async fn serve(
     stream: tokio::net::TcpStream,
     seen: &Mutex<Vec<Value>>,
-    command: &str,
+    command: &ToolCall,
 ) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
@@ -143,13 +164,15 @@ fn completed(id: &str) -> Value {
         "output_tokens_details": null, "total_tokens": 2}}})
 }
 
-fn tool_call(command: &str) -> Vec<Value> {
-    let arguments = json!({"cmd": command, "yield_time_ms": 10000}).to_string();
+fn tool_call(call: &ToolCall) -> Vec<Value> {
+    let mut item = json!({"type": "function_call", "id": "fc_1", "call_id": CALL_ID,
+        "name": call.name, "arguments": call.arguments.to_string()});
+    if let Some(namespace) = &call.namespace {
+        item["namespace"] = json!(namespace);
+    }
     vec![
         json!({"type": "response.created", "response": {"id": "resp_1"}}),
-        json!({"type": "response.output_item.done", "item": {
-            "type": "function_call", "id": "fc_1", "call_id": CALL_ID,
-            "name": "exec_command", "arguments": arguments}}),
+        json!({"type": "response.output_item.done", "item": item}),
         completed("resp_1"),
     ]
 }

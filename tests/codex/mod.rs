@@ -1,11 +1,13 @@
-//! The real codex CLI 0.169.0 against this server: its client driving a whole `codex exec`
+//! The real codex CLI 0.171.0 against this server: its client driving a whole `codex exec`
 //! turn through us (`end_to_end`), and the same protocol checks run against
-//! `codex exec-server` and ours side by side (`conformance`).
+//! `codex exec-server` and ours side by side (`conformance`). The `codex exec` turn also
+//! runs with 0.169.0, the release before, which older clients still use.
 //!
-//! codex is installed by `scripts/install-codex.sh`; tests find it through `CODEX_BIN`
-//! (default `~/.cache/exec-server/codex-0.169.0/node_modules/.bin/codex`). Without it they
-//! print `SKIP: …` and pass, unless `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`, which makes a
-//! missing codex a failure (CI sets it).
+//! codex is installed by `scripts/install-codex.sh`; tests find 0.171.0 through `CODEX_BIN`
+//! (default `~/.cache/exec-server/codex-0.171.0/node_modules/.bin/codex`) and 0.169.0
+//! through `CODEX_BIN_0169` (default `…/codex-0.169.0/…`). Without it they print `SKIP: …`
+//! and pass, unless `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`, which makes a missing codex a
+//! failure (CI sets it).
 //!
 //! * `fake_model` — a Responses API endpoint that answers with a shell tool call, then a
 //!   final message.
@@ -15,39 +17,59 @@
 mod conformance;
 mod end_to_end;
 pub(crate) mod fake_model;
+mod mcp_http;
 mod proxy;
 
 use std::path::PathBuf;
 
 /// The codex release these tests are written against.
-pub const CODEX_VERSION: &str = "0.169.0";
+pub const CODEX_VERSION: &str = "0.171.0";
 
-/// The codex binary, or `None` after printing why the calling test is skipped. Panics
-/// instead of skipping when `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`.
+/// The release before, kept for older clients: the `codex exec` turn runs with it too.
+pub const CODEX_VERSION_0169: &str = "0.169.0";
+
+/// The environment variable that overrides where codex `version` is found.
+fn bin_variable(version: &str) -> &'static str {
+    if version == CODEX_VERSION_0169 {
+        "CODEX_BIN_0169"
+    } else {
+        "CODEX_BIN"
+    }
+}
+
+/// The codex binary of [`CODEX_VERSION`], or `None` after printing why the calling test is
+/// skipped. Panics instead of skipping when `EXEC_SERVER_REQUIRE_CODEX_TESTS=1`.
 pub fn codex_bin(test: &str) -> Option<PathBuf> {
-    let bin = std::env::var_os("CODEX_BIN")
+    codex_bin_of(CODEX_VERSION, test)
+}
+
+/// The codex binary of `version` (found through [`bin_variable`], else in its
+/// `scripts/install-codex.sh` prefix), or `None` as for [`codex_bin`].
+pub fn codex_bin_of(version: &str, test: &str) -> Option<PathBuf> {
+    let variable = bin_variable(version);
+    let bin = std::env::var_os(variable)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             let home = std::env::var_os("HOME").unwrap_or_default();
             PathBuf::from(home)
-                .join(format!(".cache/exec-server/codex-{CODEX_VERSION}"))
+                .join(format!(".cache/exec-server/codex-{version}"))
                 .join("node_modules/.bin/codex")
         });
-    let version = std::process::Command::new(&bin)
+    let reported = std::process::Command::new(&bin)
         .arg("--version")
         .output()
         .ok()
         .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned());
-    let problem = match version {
-        Some(v) if v == format!("codex-cli {CODEX_VERSION}") => return Some(bin),
-        Some(v) => format!("{} is {v:?}, not codex-cli {CODEX_VERSION}", bin.display()),
+    let problem = match reported {
+        Some(v) if v == format!("codex-cli {version}") => return Some(bin),
+        Some(v) => format!("{} is {v:?}, not codex-cli {version}", bin.display()),
         None => format!("{} cannot be run", bin.display()),
     };
     let required = std::env::var("EXEC_SERVER_REQUIRE_CODEX_TESTS").as_deref() == Ok("1");
     assert!(
         !required,
-        "{test}: {problem}; run scripts/install-codex.sh or set CODEX_BIN"
+        "{test}: {problem}; run scripts/install-codex.sh or set {variable}"
     );
     println!("SKIP: {test}: {problem} (run scripts/install-codex.sh)");
     None

@@ -4,6 +4,7 @@
 //! the test behind every claim it makes.
 
 mod absent_names;
+mod attack_pass_slots;
 mod before_confinement;
 mod copy_leak;
 mod created_modes;

@@ -1,4 +1,4 @@
-//! The real codex 0.169.0 executor (`codex exec-server --remote … --registration-bearer-stdin`)
+//! The real codex 0.171.0 executor (`codex exec-server --remote … --registration-bearer-stdin`)
 //! registered with our rendezvous, and our harness side — the Rust client's relay
 //! transport and `exec-server run --remote` — running commands, a terminal and file round
 //! trips through it (CODEX-0169 §5.1). Skips (`SKIP:`) only without codex and without

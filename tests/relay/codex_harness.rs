@@ -1,4 +1,4 @@
-//! Our executor behind our rendezvous, with the real codex 0.169.0 as the harness
+//! Our executor behind our rendezvous, with the real codex 0.171.0 as the harness
 //! (CODEX-0169 §5.2): `codex exec` reaches the environment through the Noise relay
 //! (`CODEX_EXEC_SERVER_NOISE_*`), and a fake model asks it for one shell command, which must
 //! run on our executor. Skips (`SKIP:`) only without codex and without

@@ -362,7 +362,8 @@ async fn forward_fronts_codex_local_server_for_our_harness() {
     )
     .await;
     assert_eq!(
-        init["environmentInfo"]["executorVersion"], "0.169.0",
+        init["environmentInfo"]["executorVersion"],
+        crate::codex::CODEX_VERSION,
         "{init}"
     );
     let (stdout, code) = run_script(&rdv.direct, "env-fwd-codex", "echo via-codex; exit 6").await;

@@ -3,6 +3,7 @@
 mod fair_fs;
 mod fair_process;
 mod fs;
+mod http;
 mod memory;
 mod process;
 mod registry;
@@ -84,6 +85,12 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     }
     if wanted("sandbox_read_fresh") {
         rows.push(fs::sandbox_read_fresh(budget).await);
+    }
+    if wanted("http_request") {
+        rows.push(http::http_request().await);
+    }
+    if wanted("http_stream") {
+        rows.push(http::http_stream().await);
     }
     if wanted("victim_alone") || wanted("victim_flood") {
         rows.extend(fair_fs::fs_victim(budget).await);

@@ -29,6 +29,7 @@ mod environment;
 mod keeper;
 mod keepers;
 mod managed;
+mod network;
 mod output_budget;
 mod pump;
 mod raw;
@@ -48,6 +49,7 @@ mod write;
 
 use std::sync::Arc;
 
+use exec_server_core::proto::environment::capability;
 use exec_server_core::proto::process::{
     CLOSE_STDIN, FAMILY_LABEL, READ, RESIZE, SIGNAL, START, TERMINATE, WRITE,
 };
@@ -117,6 +119,10 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.method_with(RESIZE, &plugin, resize::resize);
     install.method_with(TERMINATE, &plugin, terminate::terminate);
     install.method_with(CLOSE_STDIN, &plugin, write::close_stdin);
+    // `networkProxy` with `enforceManagedNetwork` (the child confined to its proxy in a
+    // network namespace of its own), and `network/policyRequest` for allowlist misses.
+    install.capability(capability::NETWORK_PROXY_LAUNCH, &[START]);
+    install.capability(capability::NETWORK_PROXY_REVIEW_DOMAINS, &[START]);
     Ok(())
 }
 

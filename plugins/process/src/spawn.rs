@@ -23,18 +23,25 @@
 //!   dies. A spawner waits until its target has called `execve` (the keeper's first
 //!   record), which takes as long as the exec itself; with one thread, concurrent starts
 //!   would queue behind each other's execs. Requests reach the threads through one queue
-//!   where sessions take turns ([`crate::spawn_queue`]).
+//!   where sessions take turns ([`crate::spawn_queue`]). The threads are shared by every
+//!   session, and an `execve` can take as long as someone outside the server chooses (a
+//!   process holding a write lease on the program makes every open of it wait up to
+//!   `/proc/sys/fs/lease-break-time`, 45 s), so a spawner waits [`EXEC_WAIT_IN_SLOT`] at
+//!   most and then hands the rest of the wait to the reactor ([`Launch`]).
 //! * **pidfds.** `CLONE_PIDFD` returns a descriptor for the keeper, which the server uses to
 //!   signal it and to reap it (`waitid(P_PIDFD)`), so pid reuse cannot misdirect either.
 //!   This needs Linux 5.4 or later.
 
 use std::ffi::CString;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
-use exec_server_core::proto::error::io_error_text;
 use exec_server_core::proto::RpcError;
+use tokio::io::Interest;
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use crate::keeper::{keeper_main, KeeperArgs, Report, KILL_TREE, RECORD_BYTES};
@@ -128,7 +135,7 @@ impl SpawnError {
     /// The answer to the `process/start` (PROTOCOL §4.2.3 row 11).
     pub(crate) fn into_rpc(self) -> RpcError {
         match self {
-            SpawnError::Os(error) => RpcError::spawn_failed(io_error_text(&error)),
+            SpawnError::Os(error) => RpcError::spawn_os_error(&error),
         }
     }
 
@@ -142,7 +149,45 @@ impl SpawnError {
 
 struct Job {
     command: Command,
-    reply: oneshot::Sender<Result<Spawned, SpawnError>>,
+    reply: oneshot::Sender<Outcome>,
+    /// Where a start whose `execve` outlasts [`EXEC_WAIT_IN_SLOT`] is finished.
+    runtime: Handle,
+}
+
+/// What a spawner thread hands back.
+enum Outcome {
+    Done(Result<Spawned, SpawnError>),
+    /// The target had not called `execve` within [`EXEC_WAIT_IN_SLOT`].
+    Execing(Launch),
+}
+
+/// How long a spawner thread (one of [`SPAWNER_THREADS`], shared by every session) waits
+/// for its target's `execve`. An exec takes milliseconds unless something outside the
+/// server holds it (a write lease on the program, a slow file system): the rest of that
+/// wait costs no thread ([`Launch::finish_in_task`]).
+pub(crate) const EXEC_WAIT_IN_SLOT: Duration = Duration::from_secs(2);
+
+/// What the keeper and the target read until the keeper's first record (the contract of
+/// [`KeeperArgs`]): its address stays fixed while it moves from the spawner thread to the
+/// reactor.
+struct LaunchMemory {
+    _args: Box<KeeperArgs>,
+    _arrays: [Vec<*const libc::c_char>; 3],
+    /// Also the child's ends of its pipes or terminal, closed with it.
+    _command: Command,
+}
+
+// SAFETY: the raw pointers point into `_command` and `_arrays`, which move with them and
+// which nobody writes to; only the keeper and the target read through them.
+unsafe impl Send for LaunchMemory {}
+
+/// A keeper whose first record has not been read yet.
+struct Launch {
+    keeper: Keeper,
+    status: OwnedFd,
+    /// Dropped only after the first record: a launch dropped before it (the runtime shut
+    /// down) leaks this rather than free memory a target may still read.
+    memory: ManuallyDrop<LaunchMemory>,
 }
 
 /// Spawner threads: starts that may be between `clone` and their target's `execve` at
@@ -195,11 +240,20 @@ impl Spawner {
         command: Command,
     ) -> Result<Spawned, SpawnError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job { command, reply };
+        let runtime = Handle::current();
+        let job = Job {
+            command,
+            reply,
+            runtime: runtime.clone(),
+        };
         self.jobs.push(owner, job);
-        answer
-            .await
-            .map_err(|_| SpawnError::Os(io::Error::other("the spawner thread is gone")))?
+        let gone = || SpawnError::Os(io::Error::other("the spawner thread is gone"));
+        match answer.await.map_err(|_| gone())? {
+            Outcome::Done(result) => result,
+            Outcome::Execing(launch) => {
+                launch.finish_in_task(&runtime).await.map_err(|_| gone())?
+            }
+        }
     }
 }
 
@@ -207,17 +261,114 @@ fn spawner_main(jobs: &FairQueue<Job>) {
     // SAFETY: getpid has no preconditions.
     let server_pid = unsafe { libc::getpid() };
     loop {
-        let Job { command, reply } = jobs.pop();
+        let Job {
+            command,
+            reply,
+            runtime,
+        } = jobs.pop();
         // The start was cancelled while it waited: nothing to create.
         if reply.is_closed() {
             continue;
         }
-        let result = spawn_child(server_pid, &command);
-        // Closes the child's ends of its pipes and terminal in the server.
-        drop(command);
-        if let Err(Ok(orphan)) = reply.send(result) {
-            orphan.abandon();
+        let outcome = match spawn_child(server_pid, command) {
+            Err(e) => Outcome::Done(Err(e)),
+            Ok(launch) if launch.reported_within(EXEC_WAIT_IN_SLOT) => {
+                Outcome::Done(launch.finish())
+            }
+            Ok(launch) => Outcome::Execing(launch),
+        };
+        match reply.send(outcome) {
+            Err(Outcome::Done(Ok(orphan))) => orphan.abandon(),
+            // Nobody waits: the task ends the start once the target has exec'd.
+            Err(Outcome::Execing(launch)) => drop(launch.finish_in_task(&runtime)),
+            _ => {}
         }
+    }
+}
+
+impl Launch {
+    /// Whether the keeper's first record (or its end) is there within `wait`.
+    fn reported_within(&self, wait: Duration) -> bool {
+        let until = std::time::Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let mut poll = libc::pollfd {
+                fd: self.status.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd for the duration of the call.
+            match unsafe { libc::poll(&mut poll, 1, ms) } {
+                ready if ready > 0 => return true,
+                // The server's own signals (SIGCHLD) interrupt it: wait for the rest.
+                -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+                    && !left.is_zero() => {}
+                _ => return false,
+            }
+        }
+    }
+
+    /// Reads the keeper's first record (blocking) and ends the launch with it.
+    fn finish(mut self) -> Result<Spawned, SpawnError> {
+        let record = read_record(&self.status);
+        // SAFETY: the keeper wrote its first record or is gone: it and the target read
+        // nothing of ours any more.
+        unsafe { ManuallyDrop::drop(&mut self.memory) };
+        let Launch { keeper, status, .. } = self;
+        match record {
+            Ok(Some(Report::Started(target))) => Ok(Spawned {
+                pid: target,
+                keeper,
+                status,
+            }),
+            Ok(Some(Report::Failed(errno))) => {
+                keeper.reap_blocking();
+                Err(SpawnError::Os(io::Error::from_raw_os_error(errno)))
+            }
+            Ok(_) | Err(_) => {
+                keeper.kill_tree();
+                keeper.reap_blocking();
+                Err(SpawnError::Os(io::Error::other(
+                    "the process keeper exited before starting the process",
+                )))
+            }
+        }
+    }
+
+    /// Waits for the first record on the reactor, in a task of its own that runs to the end
+    /// whether or not anybody still waits: the launch's memory must outlive the exec, and a
+    /// start nobody takes is killed and reaped.
+    fn finish_in_task(self, runtime: &Handle) -> oneshot::Receiver<Result<Spawned, SpawnError>> {
+        let (result_tx, result) = oneshot::channel();
+        runtime.spawn(async move {
+            let Launch {
+                keeper,
+                status,
+                memory,
+            } = self;
+            let status = match sys::register(status, Interest::READABLE) {
+                Ok(registered) => {
+                    // An error leaves the blocking read to wait for the record.
+                    let _ = registered.readable().await;
+                    registered.into_inner()
+                }
+                Err((status, _)) => status,
+            };
+            let launch = Launch {
+                keeper,
+                status,
+                memory,
+            };
+            // The record is there (the read does not wait); reaping a failed keeper may.
+            let Ok(result) = tokio::task::spawn_blocking(move || launch.finish()).await else {
+                return;
+            };
+            if let Err(Ok(orphan)) = result_tx.send(result) {
+                let _ = tokio::task::spawn_blocking(move || orphan.abandon()).await;
+            }
+        });
+        result
     }
 }
 
@@ -340,7 +491,7 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
         .collect()
 }
 
-fn spawn_child(server_pid: libc::pid_t, command: &Command) -> Result<Spawned, SpawnError> {
+fn spawn_child(server_pid: libc::pid_t, command: Command) -> Result<Launch, SpawnError> {
     let stack = KeeperStack::take().map_err(SpawnError::Os)?;
     let pipe = sys::pipe();
     let (status_read, status_write) = match pipe {
@@ -369,7 +520,7 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> Result<Spawned, Sp
             ([fd, fd, fd], true)
         }
     };
-    let args = KeeperArgs {
+    let args = Box::new(KeeperArgs {
         candidates: candidates.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
@@ -380,7 +531,7 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> Result<Spawned, Sp
         server_pid,
         target_stack: stack.target_stack(),
         open_file_limit: child_open_file_limit(),
-    };
+    });
     let mut pidfd: libc::c_int = -1;
     let flags = libc::CLONE_VM | libc::CLONE_PIDFD | libc::SIGCHLD;
 
@@ -402,7 +553,7 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> Result<Spawned, Sp
             keeper_main,
             stack.keeper_top(),
             flags,
-            std::ptr::addr_of!(args).cast_mut().cast(),
+            std::ptr::addr_of!(*args).cast_mut().cast(),
             std::ptr::addr_of_mut!(pidfd),
         );
         let clone_errno = *libc::__errno_location();
@@ -423,26 +574,17 @@ fn spawn_child(server_pid: libc::pid_t, command: &Command) -> Result<Spawned, Sp
     // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a descriptor we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     let keeper = Keeper { pid, pidfd, stack };
-    // `args`, the arrays and `command` outlive this read; after it the keeper reads
-    // nothing of ours.
-    match read_record(&status_read) {
-        Ok(Some(Report::Started(target))) => Ok(Spawned {
-            pid: target,
-            keeper,
-            status: status_read,
+    // `args`, the arrays and `command` live in the launch until the keeper's first record;
+    // after it the keeper reads nothing of ours.
+    Ok(Launch {
+        keeper,
+        status: status_read,
+        memory: ManuallyDrop::new(LaunchMemory {
+            _args: args,
+            _arrays: [candidates, argv, envp],
+            _command: command,
         }),
-        Ok(Some(Report::Failed(errno))) => {
-            keeper.reap_blocking();
-            Err(SpawnError::Os(io::Error::from_raw_os_error(errno)))
-        }
-        Ok(_) | Err(_) => {
-            keeper.kill_tree();
-            keeper.reap_blocking();
-            Err(SpawnError::Os(io::Error::other(
-                "the process keeper exited before starting the process",
-            )))
-        }
-    }
+    })
 }
 
 /// Reads one whole record from the (blocking) status pipe: `None` at end-of-file or for a

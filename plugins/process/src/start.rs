@@ -15,7 +15,7 @@ use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::process::{
     OutputStream, SandboxType, StartParams, StartResult, TerminalSize,
 };
-use exec_server_core::proto::RpcError;
+use exec_server_core::proto::{RpcError, StartErrorKind};
 use exec_server_core::Call;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -33,7 +33,7 @@ use crate::keepers::LiveKeeper;
 use crate::managed::{ManagedProcess, ProcessParts, StdinMode};
 use crate::pump::{wait_exit, OutputSource, Pump};
 use crate::spawn::{ChildStdio, Command, SpawnError, Spawned, Spawner};
-use crate::{environment, sys, terminal, ProcessPlugin};
+use crate::{environment, network, sys, terminal, ProcessPlugin};
 
 /// Terminal size when `size` is not given (§4.2.1).
 const DEFAULT_SIZE: TerminalSize = TerminalSize { rows: 24, cols: 80 };
@@ -41,9 +41,18 @@ const DEFAULT_SIZE: TerminalSize = TerminalSize { rows: 24, cols: 80 };
 pub(crate) async fn start(
     plugin: Arc<ProcessPlugin>,
     cx: Call,
-    params: StartParams,
+    mut params: StartParams,
 ) -> Result<StartResult, RpcError> {
     let (cwd, size, decision) = validate(&plugin, &params)?;
+    let network = network::parse(params.network_proxy.as_ref())?;
+    let plan = network.as_ref().map(|config| {
+        let enforce = params.enforce_managed_network == Some(true);
+        let confines = decision.needs_enforcement()
+            && decision
+                .policy()
+                .is_some_and(|p| p.network == Network::Restricted);
+        network::Plan::new(config, enforce, confines)
+    });
     let table = crate::table(&plugin, &cx);
     let limit = plugin.config.max_processes_per_session;
     let mut reservation = table.reserve(&params.process_id, || {
@@ -52,11 +61,30 @@ pub(crate) async fn start(
     // Charged before anything is opened; the lease shrinks to what the process keeps
     // once it is spawned, and lives with its quota share until the keeper is reaped.
     let mut descriptors = admission::charge_start(cx.session())?;
+    // The proxy is the process's from here on: it closes when the process exits, or now if
+    // the start fails.
+    let mut proxy = match (&network, &plan) {
+        (Some(config), Some(network::Plan::Loopback)) => {
+            let listeners = network::Listeners::loopback();
+            let proxy =
+                network::start_proxy(cx.session(), &params.process_id, config, listeners).await?;
+            extend_env(&mut params, proxy.child_env());
+            Some(proxy)
+        }
+        (Some(config), Some(plan)) => {
+            extend_env(&mut params, plan.child_env(config));
+            None
+        }
+        _ => None,
+    };
     let mut prepared = prepare(&plugin, &params, &cwd, size, decision.policy())
-        .map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
-    let launch = prepared.launch.take();
+        .map_err(|e| RpcError::spawn_os_error(&e))?;
+    let mut launch = prepared.launch.take();
+    if let (Some(launch), Some(network::Plan::Enforced(ports))) = (launch.as_mut(), &plan) {
+        launch.request.managed_ports = ports.clone();
+    }
     let placeholders = hold_placeholders(&plugin, launch.as_ref(), decision.policy())?;
-    let spawner = Spawner::global().map_err(|e| RpcError::spawn_failed(io_error_text(&e)))?;
+    let spawner = Spawner::global().map_err(|e| RpcError::spawn_os_error(&e))?;
     let spawned = tokio::select! {
         biased;
         _ = reservation.cancelled() => {
@@ -88,14 +116,27 @@ pub(crate) async fn start(
             Err(error) => {
                 let _ = sys::signal_group(pid, libc::SIGKILL);
                 keeper.kill_tree();
-                return Err(RpcError::spawn_failed(io_error_text(&error)));
+                return Err(RpcError::spawn_os_error(&error));
             }
         };
 
     let sandbox_type = match launch {
         None => SandboxType::None,
         Some(launch) => {
-            let report = confine(&plugin, launch, pid, &keeper, &status).await?;
+            let (report, listeners) = confine(&plugin, launch, pid, &keeper, &status).await?;
+            if let (Some(config), Some(network::Plan::Enforced(_))) = (&network, &plan) {
+                let listeners = network::Listeners::from_namespace(listeners);
+                let started =
+                    network::start_proxy(cx.session(), &params.process_id, config, listeners).await;
+                match started {
+                    Ok(started) => proxy = Some(started),
+                    Err(error) => {
+                        let _ = sys::signal_group(pid, libc::SIGKILL);
+                        keeper.kill_tree();
+                        return Err(error);
+                    }
+                }
+            }
             warn_about_weaker_confinement(&params.process_id, &report, decision.policy());
             if report.is_enforced() {
                 SandboxType::LinuxSeccomp
@@ -122,6 +163,10 @@ pub(crate) async fn start(
         process.kill_tree();
         return Err(e);
     }
+    if let Some(proxy) = proxy {
+        let process = Arc::clone(&process);
+        network::hold_until(proxy, async move { process.exited().await });
+    }
     tracing::debug!(process = ?process.id, pid, "process started");
     let pump = Pump {
         process,
@@ -143,6 +188,14 @@ pub(crate) async fn start(
     })
 }
 
+/// Sets the proxy variables in the child's environment, over any the client sent.
+fn extend_env(params: &mut StartParams, vars: Vec<(&'static str, String)>) {
+    params.env.extend(
+        vars.into_iter()
+            .map(|(name, value)| (name.to_owned(), value)),
+    );
+}
+
 /// Holds the policy's missing read-only carve-outs for a sandboxed start whose narrowing
 /// mounts them ([`placeholders`]).
 fn hold_placeholders(
@@ -159,6 +212,7 @@ fn hold_placeholders(
                     e.path.display(),
                     io_error_text(&e.error)
                 ))
+                .with_start_error_kind(StartErrorKind::SandboxPreparation)
             })
         }
         _ => Ok(Placeholders::default()),
@@ -174,7 +228,7 @@ async fn confine(
     pid: libc::pid_t,
     keeper: &Arc<LiveKeeper>,
     status: &AsyncFd<OwnedFd>,
-) -> Result<LaunchReport, RpcError> {
+) -> Result<(LaunchReport, Vec<OwnedFd>), RpcError> {
     let timeout = plugin.sandbox.helper_timeout();
     launch.request.parent_pid = u32::try_from(keeper.pid).unwrap_or(0);
     let outcome = tokio::task::spawn_blocking(move || {
@@ -186,26 +240,27 @@ async fn confine(
         )
     })
     .await
-    .map_err(RpcError::spawn_failed)?;
-    match outcome {
-        LaunchOutcome::Started(report) => Ok(report),
+    .map_err(RpcError::spawn_failed_other)?;
+    // The launcher's work is part of the spawn (PROTOCOL §4.2.3 row 11): a failure that
+    // the launcher did not classify closer to its cause is `spawnFailed`.
+    let error = match outcome {
+        LaunchOutcome::Started(report, listeners) => return Ok((report, listeners)),
         LaunchOutcome::Failed(error) => {
             wait_exit(status).await;
-            Err(error)
+            error
         }
         LaunchOutcome::ExitedSilently => {
             let code = wait_exit(status).await;
-            Err(RpcError::launcher_exited(exit_status_text(code)))
+            RpcError::launcher_exited(exit_status_text(code))
         }
         LaunchOutcome::TimedOut => {
             let _ = sys::signal_group(pid, libc::SIGKILL);
             keeper.kill_tree();
             wait_exit(status).await;
-            Err(RpcError::launcher_timed_out(
-                u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-            ))
+            RpcError::launcher_timed_out(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
         }
-    }
+    };
+    Err(error.or_start_error_kind(StartErrorKind::SpawnFailed))
 }
 
 /// Logs, once per server and kind, what the launcher could not apply (SANDBOX.md §5.8,
@@ -277,10 +332,13 @@ fn validate(
         _ => DEFAULT_SIZE,
     };
     environment::validate(&params.env, params.env_policy.as_ref())?;
-    if params.network_proxy.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(RpcError::unsupported_start_field("networkProxy"));
-    }
-    if params.enforce_managed_network == Some(true) {
+    // A proxy run by the client (`managedNetwork`, no `networkProxy`) is not bridged into
+    // the child's namespace yet: refused rather than run unconfined.
+    let no_proxy = params
+        .network_proxy
+        .as_ref()
+        .is_none_or(serde_json::Value::is_null);
+    if params.enforce_managed_network == Some(true) && no_proxy {
         return Err(RpcError::unsupported_start_field("enforceManagedNetwork"));
     }
     let decision = plugin

@@ -37,6 +37,11 @@ pub(crate) enum Condition {
     UnlessUnixStream,
     /// Argument 0 (`clone`'s flags) contains `CLONE_NEWUSER`.
     NewUserNamespace,
+    /// Unless argument 0 (the socket domain) is `AF_INET` or `AF_INET6`: the managed
+    /// network, whose network namespace holds only loopback and the proxy's listeners, lets
+    /// a process open IP sockets there and no UNIX socket at all (a UNIX socket reaches the
+    /// host's sockets by path, whatever the namespace).
+    UnlessInet,
 }
 
 /// One denied number.
@@ -154,6 +159,27 @@ fn push_rule(insns: &mut Vec<Insn>, rule: &Rule) {
             insns.push(Insn::Jump(JEQ_K, stream, Target::Allow, Target::Next));
             let seqpacket = libc::SOCK_SEQPACKET as u32;
             insns.push(Insn::Jump(JEQ_K, seqpacket, Target::Allow, deny));
+        }
+        Condition::UnlessInet => {
+            insns.push(Insn::Jump(
+                JEQ_K,
+                rule.number,
+                Target::Next,
+                Target::Skip(3),
+            ));
+            insns.push(Insn::Stmt(LD_W_ABS, ARG0_LOW_OFFSET));
+            insns.push(Insn::Jump(
+                JEQ_K,
+                libc::AF_INET as u32,
+                Target::Allow,
+                Target::Next,
+            ));
+            insns.push(Insn::Jump(
+                JEQ_K,
+                libc::AF_INET6 as u32,
+                Target::Allow,
+                deny,
+            ));
         }
         Condition::NewUserNamespace => {
             let flag = libc::CLONE_NEWUSER as u32;

@@ -7,8 +7,8 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use landlock::{
-    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, PathBeneath,
-    PathFd, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, NetPort,
+    PathBeneath, PathFd, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
 use super::HelperKind;
@@ -90,8 +90,14 @@ pub(crate) fn rules(
 
 /// Builds the ruleset and restricts the calling thread. Paths that do not exist are
 /// skipped; an error or an unsupported kernel is reported as not enforced.
-pub(crate) fn restrict_self(policy: &SandboxPolicy, kind: HelperKind) -> LandlockOutcome {
-    match try_restrict_self(policy, kind) {
+/// With `managed_ports`, TCP connects are allowed to those ports only (the managed
+/// network's proxy).
+pub(crate) fn restrict_self(
+    policy: &SandboxPolicy,
+    kind: HelperKind,
+    managed_ports: &[u16],
+) -> LandlockOutcome {
+    match try_restrict_self(policy, kind, managed_ports) {
         Ok(outcome) => outcome,
         Err(_) => LandlockOutcome {
             state: LandlockState::NotEnforced,
@@ -103,6 +109,7 @@ pub(crate) fn restrict_self(policy: &SandboxPolicy, kind: HelperKind) -> Landloc
 fn try_restrict_self(
     policy: &SandboxPolicy,
     kind: HelperKind,
+    managed_ports: &[u16],
 ) -> Result<LandlockOutcome, landlock::RulesetError> {
     let restrict_network = policy.network == Network::Restricted;
     let mut ruleset = landlock::Ruleset::default()
@@ -126,6 +133,11 @@ fn try_restrict_self(
             rights & AccessFs::from_file(TARGET)
         };
         created = created.add_rule(PathBeneath::new(fd, rights))?;
+    }
+    if restrict_network {
+        for port in managed_ports {
+            created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+        }
     }
     let status = created.restrict_self()?;
     let state = match status.ruleset {

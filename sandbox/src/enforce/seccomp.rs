@@ -159,17 +159,31 @@ const X32_ONLY: &[(&str, i64)] = &[
 /// Which groups apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FilterScope {
-    pub network_restricted: bool,
+    pub network: NetworkFilter,
     /// The effective Landlock ABI (0 when unavailable).
     pub landlock_abi: i32,
     /// The process has a UTS namespace of its own: renaming the host is harmless there.
     pub private_uts: bool,
 }
 
+/// What the filter does about the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NetworkFilter {
+    /// Nothing: the process has the host's network.
+    Open,
+    /// The §5.3 network calls are denied; only UNIX stream sockets can be made.
+    Restricted,
+    /// The managed network (CODEX-NETWORK.md §3.5): the process's own network namespace,
+    /// where only the proxy listens, is the confinement. IP sockets may be made and used
+    /// there; UNIX sockets may not be made (only `socketpair`'s stream kind), since one
+    /// reaches host sockets by path.
+    Managed,
+}
+
 impl FilterScope {
     fn includes(self, group: Group) -> bool {
         match group {
-            Group::Network => self.network_restricted,
+            Group::Network => self.network == NetworkFilter::Restricted,
             Group::Inspection | Group::Kernel | Group::Containment => true,
             Group::Truncate => self.landlock_abi < 3,
             Group::HostName => !self.private_uts,
@@ -210,16 +224,36 @@ fn numbers(call: &DeniedCall, arch: TargetArch, number: i64) -> Vec<i64> {
 /// The denied numbers with their conditions, for `arch` (without `clone3`).
 pub(crate) fn rules(arch: TargetArch, scope: FilterScope) -> BTreeMap<i64, Condition> {
     let mut rules = BTreeMap::new();
-    for denied in DENIED_CALLS.iter().filter(|d| scope.includes(d.group)) {
+    let mut add = |denied: &DeniedCall| {
         let Some(number) = number(denied, arch) else {
-            continue;
+            return;
         };
         for number in numbers(denied, arch, number) {
             rules.insert(number, denied.condition);
         }
+    };
+    DENIED_CALLS
+        .iter()
+        .filter(|d| scope.includes(d.group))
+        .for_each(&mut add);
+    if scope.network == NetworkFilter::Managed {
+        MANAGED_NETWORK_CALLS.iter().for_each(&mut add);
     }
     rules
 }
+
+/// The socket calls limited under the managed network: `socket` to IP, `socketpair` to
+/// UNIX streams.
+const MANAGED_NETWORK_CALLS: &[DeniedCall] = &[
+    DeniedCall {
+        condition: Condition::UnlessInet,
+        ..call("socket", Group::Network, 41, 198)
+    },
+    DeniedCall {
+        condition: Condition::UnlessUnixStream,
+        ..call("socketpair", Group::Network, 53, 199)
+    },
+];
 
 /// The numbers of `clone3` on `arch`.
 pub(crate) fn clone3_numbers(arch: TargetArch) -> Vec<i64> {

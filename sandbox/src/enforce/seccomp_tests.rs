@@ -3,8 +3,12 @@ use std::collections::BTreeSet;
 use super::*;
 
 fn scope(network_restricted: bool, landlock_abi: i32, private_uts: bool) -> FilterScope {
+    let network = match network_restricted {
+        true => NetworkFilter::Restricted,
+        false => NetworkFilter::Open,
+    };
     FilterScope {
-        network_restricted,
+        network,
         landlock_abi,
         private_uts,
     }
@@ -297,6 +301,7 @@ fn the_program_decides_every_rule() {
                     assert_eq!(bpf::run(&program, audit, number, flag), eperm);
                     assert_eq!(bpf::run(&program, audit, number, 17), bpf::RET_ALLOW);
                 }
+                Condition::UnlessInet => unreachable!("only in the managed network's filter"),
             }
         }
         for number in 0..460u32 {
@@ -317,4 +322,51 @@ fn the_program_decides_every_rule() {
             program.len()
         );
     }
+}
+
+#[test]
+fn the_managed_network_allows_ip_sockets_and_no_unix_socket() {
+    let arch = TargetArch::x86_64;
+    let managed = FilterScope {
+        network: NetworkFilter::Managed,
+        landlock_abi: 7,
+        private_uts: true,
+    };
+    let rules = rules(arch, managed);
+    assert_eq!(rules.get(&41), Some(&Condition::UnlessInet), "socket");
+    assert_eq!(
+        rules.get(&53),
+        Some(&Condition::UnlessUnixStream),
+        "socketpair"
+    );
+    for call in ["connect", "bind", "sendto", "setsockopt"] {
+        let number = DENIED_CALLS
+            .iter()
+            .find(|d| d.name == call)
+            .unwrap()
+            .x86_64
+            .unwrap();
+        assert!(
+            !rules.contains_key(&number),
+            "{call} is needed to reach the proxy"
+        );
+    }
+    let program = compile(arch, managed).unwrap();
+    let inet = libc::AF_INET as u64;
+    let inet6 = libc::AF_INET6 as u64;
+    let unix = libc::AF_UNIX as u64;
+    let netlink = libc::AF_NETLINK as u64;
+    let stream = libc::SOCK_STREAM as u64;
+    let eperm = bpf::ret_errno(libc::EPERM);
+    let audit = audit_arch(arch).unwrap();
+    assert_eq!(
+        bpf::run_with(&program, audit, 41, [inet, stream]),
+        bpf::RET_ALLOW
+    );
+    assert_eq!(
+        bpf::run_with(&program, audit, 41, [inet6, stream]),
+        bpf::RET_ALLOW
+    );
+    assert_eq!(bpf::run_with(&program, audit, 41, [unix, stream]), eperm);
+    assert_eq!(bpf::run_with(&program, audit, 41, [netlink, stream]), eperm);
 }

@@ -5,11 +5,12 @@
 //! thread. Killing and reaping the launcher stays with the caller, which owns its pid.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use exec_server_proto::RpcError;
 
+use super::fd_passing::recv_with_fds;
 use super::{LaunchLine, LaunchReport, LaunchRequest};
 
 /// A control socket: the server's end, and the launcher's end (its future stdin).
@@ -49,8 +50,9 @@ impl ControlSocket {
 /// What the control socket said.
 #[derive(Debug)]
 pub enum LaunchOutcome {
-    /// Confined and `execve` succeeded (the socket closed on exec).
-    Started(LaunchReport),
+    /// Confined and `execve` succeeded (the socket closed on exec); under the managed
+    /// network, with the listening sockets of `managed_ports`, in order.
+    Started(LaunchReport, Vec<OwnedFd>),
     /// Set-up or `execve` failed; the launcher exits (125 or 127) and must be reaped.
     Failed(RpcError),
     /// End of file without a report: the launcher died; answer with its exit status.
@@ -79,7 +81,7 @@ pub fn exchange(
         // The launcher is gone (broken pipe): whatever it wrote before still counts.
         Err(_) => {}
     }
-    read_report(server, deadline)
+    read_report(server, deadline, &request.managed_ports)
 }
 
 fn send_line(
@@ -172,23 +174,14 @@ fn wait_for(socket: &OwnedFd, events: libc::c_short, deadline: Instant) -> io::R
     }
 }
 
-/// Reads lines until end of file: `ok` then EOF, `ok` then `error`, or `error` first.
-fn read_report(socket: &OwnedFd, deadline: Instant) -> LaunchOutcome {
-    let mut buffer = Vec::new();
-    let mut report: Option<LaunchReport> = None;
+/// Reads lines until end of file: `ok` then EOF, `ok` then `error`, or `error` first;
+/// under the managed network, `listeners` (with `ports`' sockets attached) before `ok`.
+fn read_report(socket: &OwnedFd, deadline: Instant, ports: &[u16]) -> LaunchOutcome {
+    let mut report = Report::default();
     let mut chunk = [0u8; 4096];
     loop {
-        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=end).collect();
-            match serde_json::from_slice::<LaunchLine>(&line) {
-                Ok(LaunchLine::Ok(r)) if report.is_none() => report = Some(r),
-                Ok(LaunchLine::Error(e)) => return LaunchOutcome::Failed(e.into()),
-                Ok(LaunchLine::Ok(_)) | Err(_) => {
-                    return LaunchOutcome::Failed(RpcError::spawn_failed(
-                        "invalid report from the sandbox launcher",
-                    ))
-                }
-            }
+        if let Some(outcome) = report.take_lines(ports) {
+            return outcome;
         }
         if let Err(e) = wait_for(socket, libc::POLLIN, deadline) {
             return match e.kind() {
@@ -196,32 +189,71 @@ fn read_report(socket: &OwnedFd, deadline: Instant) -> LaunchOutcome {
                 _ => LaunchOutcome::Failed(RpcError::spawn_failed(e)),
             };
         }
-        // SAFETY: reads into a live buffer from an owned socket.
-        let n = unsafe {
-            libc::recv(
-                socket.as_raw_fd(),
-                chunk.as_mut_ptr().cast(),
-                chunk.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n > 0 {
-            buffer.extend_from_slice(&chunk[..n as usize]);
-            continue;
-        }
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if matches!(
-                e.kind(),
-                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-            ) {
+        match recv_with_fds(socket.as_fd(), &mut chunk) {
+            Ok((n, fds)) if n > 0 => {
+                report.buffer.extend_from_slice(&chunk[..n]);
+                report.received.extend(fds);
                 continue;
             }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                continue
+            }
+            // End of file (or a reset once the launcher's end closed on exec).
+            _ => return report.finish(ports),
         }
-        // End of file (or a reset once the launcher's end closed on exec).
-        return match report {
-            Some(report) => LaunchOutcome::Started(report),
-            None => LaunchOutcome::ExitedSilently,
+    }
+}
+
+/// What the launcher said so far.
+#[derive(Default)]
+struct Report {
+    buffer: Vec<u8>,
+    report: Option<LaunchReport>,
+    /// Descriptors that came with the bytes, not yet claimed by a `listeners` line.
+    received: Vec<OwnedFd>,
+    listeners: Option<Vec<OwnedFd>>,
+}
+
+impl Report {
+    /// Handles the complete lines; `Some` once the exchange is decided.
+    fn take_lines(&mut self, ports: &[u16]) -> Option<LaunchOutcome> {
+        let invalid = || {
+            Some(LaunchOutcome::Failed(RpcError::spawn_failed(
+                "invalid report from the sandbox launcher",
+            )))
         };
+        while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.buffer.drain(..=end).collect();
+            match serde_json::from_slice::<LaunchLine>(&line) {
+                Ok(LaunchLine::Ok(r)) if self.report.is_none() => self.report = Some(r),
+                Ok(LaunchLine::Error(e)) => return Some(LaunchOutcome::Failed(e.into())),
+                Ok(LaunchLine::Listeners(sent))
+                    if sent == ports
+                        && self.listeners.is_none()
+                        && self.report.is_none()
+                        && self.received.len() == ports.len() =>
+                {
+                    self.listeners = Some(std::mem::take(&mut self.received));
+                }
+                Ok(_) | Err(_) => return invalid(),
+            }
+        }
+        None
+    }
+
+    fn finish(self, ports: &[u16]) -> LaunchOutcome {
+        let listeners = self.listeners.unwrap_or_default();
+        match self.report {
+            Some(_) if listeners.len() != ports.len() => LaunchOutcome::Failed(
+                RpcError::spawn_failed("the sandbox launcher sent no managed-network listeners"),
+            ),
+            Some(report) => LaunchOutcome::Started(report, listeners),
+            None => LaunchOutcome::ExitedSilently,
+        }
     }
 }

@@ -31,12 +31,15 @@ pub(super) fn run(
 ) -> ! {
     let (status_read, status_write) = match pipe() {
         Ok(pipe) => pipe,
-        Err(e) => fail_setup(control, RpcError::spawn_failed(e)),
+        Err(e) => fail_setup(control, RpcError::spawn_os_error(&e)),
     };
     // SAFETY: the launcher is single-threaded, so the child may do anything the parent
     // could; both sides only use what they own.
     match unsafe { libc::fork() } {
-        -1 => fail_setup(control, RpcError::spawn_failed(io::Error::last_os_error())),
+        -1 => fail_setup(
+            control,
+            RpcError::spawn_os_error(&io::Error::last_os_error()),
+        ),
         0 => {
             drop(status_read);
             init(control, confinement, exec, program, status_write)

@@ -7,7 +7,7 @@ use std::path::{Component, Path, PathBuf};
 
 use exec_server_proto::error::SandboxRequest;
 use exec_server_proto::path::{parse_path, PathError};
-use exec_server_proto::RpcError;
+use exec_server_proto::{RpcError, StartErrorKind};
 
 use super::glob::{self, GlobPattern};
 use super::intent::{Grant, GrantTarget};
@@ -58,14 +58,46 @@ pub(crate) fn parse_member(
     request: SandboxRequest,
 ) -> Result<PathBuf, RpcError> {
     parse_path(value).map_err(|error| match error {
+        // Another machine's file (a UNC path) is as foreign here as a drive letter: codex
+        // 0.171.0 fails both as a preparation of the process sandbox.
+        PathError::Invalid(reason) if names_remote_host(value) => {
+            policy_error(request, RpcError::invalid_path(value, reason))
+        }
         PathError::Invalid(reason) => RpcError::invalid_path(value, reason),
-        PathError::ForeignOs(reason) => match member {
-            PathMember::Permission => RpcError::invalid_sandbox_path_uri(request, reason),
-            PathMember::WorkspaceRoot => {
-                RpcError::sandbox_workspace_root_not_native(request, reason)
-            }
-        },
+        PathError::ForeignOs(reason) => policy_error(
+            request,
+            match member {
+                PathMember::Permission => RpcError::invalid_sandbox_path_uri(request, reason),
+                PathMember::WorkspaceRoot => {
+                    RpcError::sandbox_workspace_root_not_native(request, reason)
+                }
+            },
+        ),
     })
+}
+
+/// Whether `value` is a `file:` URI whose authority names a host other than this one.
+fn names_remote_host(value: &str) -> bool {
+    let Some(rest) = value
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("file://"))
+        .map(|_| &value[7..])
+    else {
+        return false;
+    };
+    let host = rest.split('/').next().unwrap_or_default();
+    !host.is_empty() && !host.eq_ignore_ascii_case("localhost")
+}
+
+/// A policy error (§2.7: the request's code) of a `process/start` carries `data.kind`
+/// `sandboxPreparation`, as codex 0.171.0's do (CODEX-0171 §2.2); `fs/*` errors carry none.
+/// Shape and syntax errors are not policy errors: like codex's decode errors, they carry
+/// no `data`.
+pub(crate) fn policy_error(request: SandboxRequest, error: RpcError) -> RpcError {
+    match request {
+        SandboxRequest::Process => error.with_start_error_kind(StartErrorKind::SandboxPreparation),
+        SandboxRequest::Fs => error,
+    }
 }
 
 impl Expansion {
@@ -150,9 +182,9 @@ impl Expansion {
         if acceptable {
             Ok(path)
         } else {
-            Err(RpcError::invalid_project_roots_subpath(
+            Err(policy_error(
                 self.request,
-                subpath,
+                RpcError::invalid_project_roots_subpath(self.request, subpath),
             ))
         }
     }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use exec_server_proto::RpcError;
+use exec_server_proto::{RpcError, StartErrorKind};
 use serde_json::Value;
 
 use super::carve_outs::computed_carve_outs;
@@ -128,7 +128,8 @@ fn add_server_additions(policy: &mut SandboxPolicy, ctx: &PolicyContext) -> Resu
             .as_ref()
             .map_err(|reason| match ctx.target {
                 PolicyTarget::Fs => RpcError::fs_sandbox_prepare(reason),
-                PolicyTarget::Process { .. } => RpcError::process_sandbox_prepare(reason),
+                PolicyTarget::Process { .. } => RpcError::process_sandbox_prepare(reason)
+                    .with_start_error_kind(StartErrorKind::SandboxPreparation),
             })?;
         if let Some(dir) = canonicalise(helper).parent() {
             roots.push(dir.to_path_buf());

@@ -1,0 +1,208 @@
+//! The managed network of one process (CODEX-NETWORK.md §3): `process/start` with
+//! `networkProxy` gets a policy proxy of its own (`exec-server-netproxy`), the proxy
+//! variables in its environment, a `network/policyDecision` notification for every
+//! decision, and — with `policyDecisionTimeoutMs` — a `network/policyRequest` to the client
+//! for each allowlist miss. The proxy lives until the process exits.
+
+use std::sync::Arc;
+
+use exec_server_core::proto::RpcError;
+use exec_server_core::Session;
+use exec_server_netproxy::{
+    DeciderAnswer, EventSink, ListenerSource, NetworkProxyLaunchConfig, PolicyDecider, PolicyEvent,
+    PolicyRequest, Proxy, ProxyOptions,
+};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// The notification of each decision.
+pub(crate) const POLICY_DECISION: &str = "network/policyDecision";
+/// The server→client request about an allowlist miss.
+pub(crate) const POLICY_REQUEST: &str = "network/policyRequest";
+
+/// Decisions queued for the client; beyond this the notification is dropped (the decision
+/// itself is logged all the same) rather than holding the proxy's connections.
+const EVENT_QUEUE: usize = 1024;
+
+/// `networkProxy` decoded and checked; `None` when absent or `null`.
+pub(crate) fn parse(value: Option<&Value>) -> Result<Option<NetworkProxyLaunchConfig>, RpcError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let config = NetworkProxyLaunchConfig::from_value(value.clone())
+        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
+    Ok(Some(config))
+}
+
+/// Ports the proxy listens on inside a managed child's network namespace (nothing else
+/// listens there, so any free number would do; these are the usual ones).
+pub(crate) const HTTP_PORT_IN_NAMESPACE: u16 = 3128;
+pub(crate) const SOCKS_PORT_IN_NAMESPACE: u16 = 1080;
+
+/// How a process's proxy is reached.
+pub(crate) enum Plan {
+    /// On the server's loopback, started before the process: the child is not confined
+    /// to it (no sandbox, or one that leaves the network open), as with codex.
+    Loopback,
+    /// Inside the child's own network namespace, on these ports, served from the
+    /// listeners the sandbox launcher makes there: the proxy is its only way out.
+    Enforced(Vec<u16>),
+}
+
+impl Plan {
+    /// `enforce`: `enforceManagedNetwork`; `confines_network`: the sandbox gives the
+    /// child a network namespace of its own (a policy that restricts the network).
+    pub(crate) fn new(
+        config: &NetworkProxyLaunchConfig,
+        enforce: bool,
+        confines_network: bool,
+    ) -> Self {
+        if !(enforce && confines_network) {
+            return Self::Loopback;
+        }
+        let mut ports = vec![HTTP_PORT_IN_NAMESPACE];
+        if config.proxy.enable_socks5 {
+            ports.push(SOCKS_PORT_IN_NAMESPACE);
+        }
+        Self::Enforced(ports)
+    }
+
+    /// The child's proxy variables when they are known before the proxy starts.
+    pub(crate) fn child_env(
+        &self,
+        config: &NetworkProxyLaunchConfig,
+    ) -> Vec<(&'static str, String)> {
+        match self {
+            Self::Loopback => Vec::new(),
+            Self::Enforced(ports) => exec_server_netproxy::child_env(
+                ports[0],
+                ports.get(1).copied(),
+                config.proxy.allow_local_binding,
+            ),
+        }
+    }
+}
+
+/// Where the proxy listens: on the server's loopback, or on sockets bound inside the
+/// child's network namespace (the only way out of it).
+pub(crate) struct Listeners {
+    pub(crate) http: ListenerSource,
+    pub(crate) socks: ListenerSource,
+}
+
+impl Listeners {
+    pub(crate) fn loopback() -> Self {
+        Self {
+            http: ListenerSource::Loopback,
+            socks: ListenerSource::Loopback,
+        }
+    }
+
+    /// The launcher's listeners, in [`Plan::Enforced`]'s port order.
+    pub(crate) fn from_namespace(listeners: Vec<std::os::fd::OwnedFd>) -> Self {
+        let mut listeners = listeners.into_iter().map(std::net::TcpListener::from);
+        Self {
+            http: listeners
+                .next()
+                .map_or(ListenerSource::Loopback, ListenerSource::Std),
+            socks: listeners
+                .next()
+                .map_or(ListenerSource::Loopback, ListenerSource::Std),
+        }
+    }
+}
+
+/// Starts the proxy of process `process_id` of `session`.
+pub(crate) async fn start_proxy(
+    session: &Arc<Session>,
+    process_id: &str,
+    config: &NetworkProxyLaunchConfig,
+    listeners: Listeners,
+) -> Result<Proxy, RpcError> {
+    let mut options = ProxyOptions::new(event_sink(session, process_id));
+    options.http_listener = listeners.http;
+    options.socks_listener = listeners.socks;
+    if config.policy_decision_timeout_ms.is_some() {
+        options.decider = Some(Arc::new(ClientDecider {
+            session: Arc::clone(session),
+            process_id: process_id.to_owned(),
+        }));
+    }
+    Proxy::start(config, options)
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => RpcError::invalid_params(e.to_string()),
+            _ => RpcError::internal(format!("failed to start the network proxy: {e}")),
+        })
+}
+
+/// Keeps `proxy` until `exited` resolves (the process exited), then closes it.
+pub(crate) fn hold_until(
+    proxy: Proxy,
+    exited: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        exited.await;
+        proxy.shutdown().await;
+    });
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DecisionNotification<'a> {
+    process_id: &'a str,
+    #[serde(flatten)]
+    event: &'a PolicyEvent,
+}
+
+/// A sink that queues each decision for one task, which sends them in order.
+fn event_sink(session: &Arc<Session>, process_id: &str) -> EventSink {
+    let (tx, mut rx) = mpsc::channel::<PolicyEvent>(EVENT_QUEUE);
+    let session = Arc::clone(session);
+    let id = process_id.to_owned();
+    tokio::spawn(async move {
+        while let Some(event) = rx.recv().await {
+            let notification = DecisionNotification {
+                process_id: &id,
+                event: &event,
+            };
+            // A detached session gets no notifications (PROTOCOL §3.4); the decision
+            // was logged by the proxy.
+            let _ = session.notify(POLICY_DECISION, &notification).await;
+        }
+    });
+    Arc::new(move |event| {
+        if tx.try_send(event).is_err() {
+            tracing::warn!("network/policyDecision queue full; a notification was dropped");
+        }
+    })
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PolicyRequestParams<'a> {
+    process_id: &'a str,
+    request: &'a PolicyRequest,
+}
+
+/// Asks the client, with `network/policyRequest`; anything but a well-formed answer
+/// (an error, no answer, a lost connection) is a deny, decided by the proxy.
+struct ClientDecider {
+    session: Arc<Session>,
+    process_id: String,
+}
+
+#[exec_server_core::async_trait]
+impl PolicyDecider for ClientDecider {
+    async fn decide(&self, request: PolicyRequest) -> Option<DeciderAnswer> {
+        let params = PolicyRequestParams {
+            process_id: &self.process_id,
+            request: &request,
+        };
+        match self.session.request_client(POLICY_REQUEST, &params).await {
+            Ok(Ok(result)) => DeciderAnswer::from_result(&result),
+            _ => None,
+        }
+    }
+}
