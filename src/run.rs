@@ -286,6 +286,7 @@ async fn run(args: RunArgs, config: Option<&Path>) -> Result<u8, Failure> {
         size: size.map(|(rows, cols)| TerminalSize { rows, cols }),
         network_proxy: None,
         enforce_managed_network: None,
+        managed_network: None,
     };
     let program = params.argv.first().cloned().unwrap_or_default();
     let start_cwd = params.cwd.to_string();

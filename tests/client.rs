@@ -70,6 +70,7 @@ fn start_params(argv: &[&str], tty: bool, pipe_stdin: bool) -> StartParams {
         size: None,
         network_proxy: None,
         enforce_managed_network: None,
+        managed_network: None,
     }
 }
 

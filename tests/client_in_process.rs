@@ -44,6 +44,7 @@ fn start_params(argv: &[&str], pipe_stdin: bool) -> StartParams {
         size: None,
         network_proxy: None,
         enforce_managed_network: None,
+        managed_network: None,
     }
 }
 

@@ -240,8 +240,8 @@ async fn an_invalid_network_proxy_is_refused_with_codex_s_text() {
 }
 
 /// What a managed child tries, in Python so that each attempt is a plain system call: one
-/// request through its proxy, then every way around it. Prints one `name: outcome` line
-/// per attempt, then `done`.
+/// request to `argv[1]` through its proxy, then every way around it (`direct` connects to
+/// `argv[1]`'s port itself). Prints one `name: outcome` line per attempt, then `done`.
 const BYPASS_ATTEMPTS: &str = r#"
 import os, socket, sys, urllib.request
 origin = sys.argv[1]
@@ -265,6 +265,27 @@ attempt("resolve", lambda: socket.getaddrinfo("example.com", 80))
 print("done", flush=True)
 "#;
 
+/// Starts `params` (a managed child running [`BYPASS_ATTEMPTS`]) and returns what it
+/// printed.
+async fn run_attempts(client: &mut Client, params: Value) -> String {
+    let started = client.call("process/start", params).await;
+    assert_eq!(started["sandboxType"], "linuxSeccomp");
+    let mut output = String::new();
+    while !output.contains("done\n") {
+        let chunk = client.notification("process/output").await;
+        output.push_str(&String::from_utf8_lossy(&b64decode(&chunk["chunk"])));
+    }
+    output
+}
+
+fn attempt_outcome(output: &str, name: &str) -> String {
+    output
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("no {name} in {output}"))
+        .to_owned()
+}
+
 #[tokio::test]
 async fn a_managed_child_reaches_exactly_its_proxy() {
     if !crate::sandbox::landlock_available() {
@@ -278,20 +299,8 @@ async fn a_managed_child_reaches_exactly_its_proxy() {
     let params = json!({"processId": "m1", "argv": ["python3", "-c", BYPASS_ATTEMPTS, origin.base],
         "cwd": "file:///tmp", "env": {"PATH": std::env::var("PATH").unwrap()}, "tty": false,
         "sandbox": sandbox, "networkProxy": config, "enforceManagedNetwork": true});
-    let started = client.call("process/start", params).await;
-    assert_eq!(started["sandboxType"], "linuxSeccomp");
-    let mut output = String::new();
-    while !output.contains("done\n") {
-        let chunk = client.notification("process/output").await;
-        output.push_str(&String::from_utf8_lossy(&b64decode(&chunk["chunk"])));
-    }
-    let outcome = |name: &str| {
-        output
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .unwrap_or_else(|| panic!("no {name} in {output}"))
-            .to_owned()
-    };
+    let output = run_attempts(&mut client, params).await;
+    let outcome = |name: &str| attempt_outcome(&output, name);
     assert_eq!(outcome("proxied"), "ok 201", "{output}");
     // Two layers refuse a connect past the proxy: Landlock lets TCP reach the proxy's
     // port only (EACCES, Linux 6.7+), and below it the child's network namespace has no
@@ -312,4 +321,80 @@ async fn a_managed_child_reaches_exactly_its_proxy() {
     let decision = client.notification("network/policyDecision").await;
     assert_eq!(decision["processId"], "m1");
     assert_eq!(decision["decision"], "allow");
+}
+
+/// `enforceManagedNetwork` without `networkProxy`: the proxy is the client's own, on the
+/// server's loopback (here an origin that answers absolute-form requests itself). The
+/// child's namespace gets a listener on the proxy's port that the server forwards to it,
+/// and nothing else: the destination's own port is out of reach.
+#[tokio::test]
+async fn a_managed_child_is_bridged_to_the_client_s_proxy_and_nowhere_else() {
+    if !crate::sandbox::landlock_available() {
+        return;
+    }
+    let client_proxy = Origin::start().await;
+    let destination = Origin::start().await;
+    let server = WsServer::start(&[]).await;
+    let mut client = server.connect_initialized().await;
+    let sandbox = crate::sandbox::managed(vec![crate::sandbox::root_read()]);
+    let params = json!({"processId": "b1",
+        "argv": ["python3", "-c", BYPASS_ATTEMPTS, destination.base],
+        "cwd": "file:///tmp", "tty": false, "sandbox": sandbox, "enforceManagedNetwork": true,
+        "env": {"PATH": std::env::var("PATH").unwrap(), "HTTP_PROXY": client_proxy.base}});
+    let output = run_attempts(&mut client, params).await;
+    let outcome = |name: &str| attempt_outcome(&output, name);
+    assert_eq!(outcome("proxied"), "ok 201", "{output}");
+    // The request reached the client's proxy, in proxy form, and not the destination.
+    let seen = client_proxy.last();
+    assert_eq!(
+        seen.request_line,
+        format!("GET {}/status/201 HTTP/1.1", destination.base)
+    );
+    assert!(destination.seen().is_empty());
+    let refused = [libc::EACCES, libc::ECONNREFUSED].map(|e| e.to_string());
+    assert!(refused.contains(&outcome("direct")), "{output}");
+    assert_ne!(outcome("outside").split(' ').next(), Some("ok"), "{output}");
+    assert_eq!(outcome("udp"), libc::ENETUNREACH.to_string(), "{output}");
+    assert_eq!(outcome("unix"), libc::EPERM.to_string(), "{output}");
+}
+
+/// With nothing to bridge to, a confined start fails closed with codex's text; a proxy
+/// variable naming a host the bridge cannot reach is refused by name.
+#[tokio::test]
+async fn a_managed_child_without_a_loopback_proxy_is_refused() {
+    if !crate::sandbox::landlock_available() {
+        return;
+    }
+    let server = WsServer::start(&[]).await;
+    let mut client = server.connect_initialized().await;
+    let sandbox = crate::sandbox::managed(vec![crate::sandbox::root_read()]);
+    let start = |id: &str, env: Value| {
+        json!({"processId": id, "argv": ["/bin/true"], "cwd": "file:///tmp", "tty": false,
+               "sandbox": sandbox, "enforceManagedNetwork": true, "env": env})
+    };
+    let error = client
+        .call_err(
+            "process/start",
+            start("r1", json!({"PATH": "/usr/bin:/bin"})),
+        )
+        .await;
+    assert_eq!(error["code"], -32602);
+    assert_eq!(
+        error["message"],
+        "failed to prepare host proxy routing bridge: managed proxy mode requires proxy environment variables"
+    );
+    let env = json!({"PATH": "/usr/bin:/bin", "HTTPS_PROXY": "http://proxy.example:3128"});
+    let error = client.call_err("process/start", start("r2", env)).await;
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("HTTPS_PROXY does not name a proxy on 127.0.0.1 or localhost"),
+        "{error}"
+    );
+    // `managedNetwork.loopbackPorts` alone is a proxy to bridge to.
+    let mut params = start("r3", json!({"PATH": "/usr/bin:/bin"}));
+    params["managedNetwork"] = json!({"loopbackPorts": [43123]});
+    let started = client.call("process/start", params).await;
+    assert_eq!(started["sandboxType"], "linuxSeccomp");
 }

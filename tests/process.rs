@@ -882,11 +882,6 @@ async fn bad_input_gets_the_spec_answer_and_the_server_keeps_serving() {
             "missing field `proxy`",
         ),
         (
-            start_err(json!({"enforceManagedNetwork": true})),
-            -32602,
-            "process/start field `enforceManagedNetwork` is not supported by this server",
-        ),
-        (
             start_err(json!({"sandbox": {}})),
             -32602,
             "sandbox must contain either permissions or sandboxPolicy",

@@ -55,6 +55,7 @@
 //!         size: None,
 //!         network_proxy: None,
 //!         enforce_managed_network: None,
+//!         managed_network: None,
 //!     })
 //!     .await?;
 //! while let Some(event) = process.next_event().await {

@@ -170,12 +170,6 @@ impl RpcError {
         Self::invalid_params(format!("environment variable `{name}` contains a NUL byte"))
     }
 
-    pub fn unsupported_start_field(field: &str) -> Self {
-        Self::invalid_params(format!(
-            "process/start field `{field}` is not supported by this server"
-        ))
-    }
-
     pub fn process_sandbox_prepare(reason: impl fmt::Display) -> Self {
         Self::invalid_params(format!("failed to prepare process sandbox: {reason}"))
     }

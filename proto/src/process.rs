@@ -38,12 +38,27 @@ pub struct StartParams {
     pub sandbox: Option<Value>,
     #[serde(default)]
     pub size: Option<TerminalSize>,
-    /// Unsupported (§4.12): non-null is refused.
+    /// A policy proxy of the process's own (§4.13, CODEX-NETWORK §3.1); decoded by the
+    /// process plugin, which owns its errors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_proxy: Option<Value>,
-    /// Unsupported (§4.12): `true` is refused.
+    /// Confine a sandboxed child whose network is restricted to its proxy: the one
+    /// `networkProxy` starts, or else the one the client runs (§4.13).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforce_managed_network: Option<bool>,
+    /// A proxy the client runs on the server's loopback (used without `networkProxy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_network: Option<ManagedNetwork>,
+}
+
+/// `managedNetwork`: the loopback ports of a proxy the client runs itself.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedNetwork {
+    #[serde(default)]
+    pub loopback_ports: Vec<u16>,
+    #[serde(default)]
+    pub allow_local_binding: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

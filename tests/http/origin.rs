@@ -5,7 +5,9 @@
 //! Routes: `/echo` (200, the request as JSON), `/status/<n>`, `/headers` (repeated and
 //! non-UTF-8 values), `/redirect/<code>?to=<url>`, `/loop/<n>` (to `/loop/<n+1>`), `/gzip`,
 //! `/zstd`, `/badgzip`, `/sse?chunks=<n>&delay=<ms>` (chunked, one event per chunk),
-//! `/big?bytes=<n>`, `/truncated` (a body cut short), `/hang` (never answers).
+//! `/big?bytes=<n>`, `/truncated` (a body cut short), `/hang` (never answers). A request in
+//! absolute form (`GET http://host/path`, as sent to a proxy) is answered by its path, so
+//! the origin also stands in for a proxy.
 
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
@@ -119,6 +121,11 @@ async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
 
 fn target(seen: &Seen) -> (String, Vec<(String, String)>) {
     let target = seen.request_line.split(' ').nth(1).unwrap_or("/");
+    // Absolute form (a request sent to a proxy) is answered as if it came to this origin.
+    let target = match target.strip_prefix("http://") {
+        Some(rest) => rest.find('/').map_or("/", |slash| &rest[slash..]),
+        None => target,
+    };
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let query = query
         .split('&')

@@ -153,6 +153,7 @@ fn start_params(cwd: &str, argv: &[&str], tty: bool) -> StartParams {
         size: None,
         network_proxy: None,
         enforce_managed_network: None,
+        managed_network: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The variables that point a child at its proxy (§3.2).
 
 /// Variables that always name the HTTP proxy.
-const HTTP_PROXY_VARS: [&str; 21] = [
+pub(crate) const HTTP_PROXY_VARS: [&str; 21] = [
     "HTTP_PROXY",
     "HTTPS_PROXY",
     "http_proxy",
@@ -26,7 +26,7 @@ const HTTP_PROXY_VARS: [&str; 21] = [
 ];
 
 /// Variables that name the SOCKS5 proxy when there is one, else the HTTP proxy.
-const ALL_PROXY_VARS: [&str; 4] = ["ALL_PROXY", "all_proxy", "FTP_PROXY", "ftp_proxy"];
+pub(crate) const ALL_PROXY_VARS: [&str; 4] = ["ALL_PROXY", "all_proxy", "FTP_PROXY", "ftp_proxy"];
 
 const NO_PROXY_VARS: [&str; 5] = [
     "NO_PROXY",

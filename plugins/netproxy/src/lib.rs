@@ -16,10 +16,14 @@
 //! * [`env`]: the child's proxy variables (§3.2).
 //! * [`limits`]: sizes, counts and timeouts of one proxy.
 //! * [`server`]: listeners, accept loops, shutdown.
+//! * [`client_proxy`], [`bridge`]: a proxy the client runs itself, found in the child's
+//!   variables and reached through forwarding listeners (no policy of ours).
 //! * `http_proxy`, `socks`, `blocked`, `relay`, `upstream`, `context`, `clock`: the
 //!   connection handlers and their helpers.
 
 mod blocked;
+pub mod bridge;
+pub mod client_proxy;
 mod clock;
 pub mod config;
 mod context;
@@ -38,6 +42,7 @@ pub mod server;
 pub mod socks;
 mod upstream;
 
+pub use bridge::Bridge;
 pub use config::{ConfigError, NetworkProxyLaunchConfig};
 pub use decider::{DeciderAnswer, PolicyDecider, PolicyRequest};
 pub use decision::{Decision, Protocol, Reason, Scope, Source, Verdict};

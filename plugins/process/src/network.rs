@@ -2,15 +2,19 @@
 //! `networkProxy` gets a policy proxy of its own (`exec-server-netproxy`), the proxy
 //! variables in its environment, a `network/policyDecision` notification for every
 //! decision, and — with `policyDecisionTimeoutMs` — a `network/policyRequest` to the client
-//! for each allowlist miss. The proxy lives until the process exits.
+//! for each allowlist miss. The proxy lives until the process exits. With
+//! `enforceManagedNetwork` and no `networkProxy`, the child is bridged to the proxy the
+//! client runs instead ([`Plan::Bridged`]).
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use exec_server_core::proto::process::StartParams;
 use exec_server_core::proto::RpcError;
 use exec_server_core::Session;
 use exec_server_netproxy::{
-    DeciderAnswer, EventSink, ListenerSource, NetworkProxyLaunchConfig, PolicyDecider, PolicyEvent,
-    PolicyRequest, Proxy, ProxyOptions,
+    client_proxy, Bridge, DeciderAnswer, EventSink, ListenerSource, NetworkProxyLaunchConfig,
+    PolicyDecider, PolicyEvent, PolicyRequest, Proxy, ProxyLimits, ProxyOptions,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -48,24 +52,59 @@ pub(crate) enum Plan {
     /// Inside the child's own network namespace, on these ports, served from the
     /// listeners the sandbox launcher makes there: the proxy is its only way out.
     Enforced(Vec<u16>),
+    /// A proxy the client runs on the server's loopback, at these ports: the launcher
+    /// listens on the same ports inside the child's namespace, and the server forwards
+    /// what they accept (CODEX-NETWORK §3.5). The child's variables stay as the client
+    /// sent them.
+    Bridged(Vec<u16>),
 }
 
 impl Plan {
-    /// `enforce`: `enforceManagedNetwork`; `confines_network`: the sandbox gives the
-    /// child a network namespace of its own (a policy that restricts the network).
-    pub(crate) fn new(
-        config: &NetworkProxyLaunchConfig,
-        enforce: bool,
+    /// The plan for a start with `config` (`networkProxy`), or `None` when no proxy is
+    /// involved. `confines_network`: the sandbox gives the child a network namespace of
+    /// its own (a policy that restricts the network).
+    pub(crate) fn decide(
+        config: Option<&NetworkProxyLaunchConfig>,
+        params: &StartParams,
         confines_network: bool,
-    ) -> Self {
-        if !(enforce && confines_network) {
-            return Self::Loopback;
+    ) -> Result<Option<Self>, RpcError> {
+        let enforce = params.enforce_managed_network == Some(true) && confines_network;
+        let Some(config) = config else {
+            return match enforce {
+                true => Self::bridged(params).map(Some),
+                // Nothing asks for a proxy, or nothing confines the child to one.
+                false => Ok(None),
+            };
+        };
+        if !enforce {
+            return Ok(Some(Self::Loopback));
         }
         let mut ports = vec![HTTP_PORT_IN_NAMESPACE];
         if config.proxy.enable_socks5 {
             ports.push(SOCKS_PORT_IN_NAMESPACE);
         }
-        Self::Enforced(ports)
+        Ok(Some(Self::Enforced(ports)))
+    }
+
+    /// The client's proxy, from the proxy variables in `env` and
+    /// `managedNetwork.loopbackPorts`; none at all is codex's refusal (fail closed).
+    fn bridged(params: &StartParams) -> Result<Self, RpcError> {
+        let extra = params
+            .managed_network
+            .as_ref()
+            .map_or(&[][..], |m| &m.loopback_ports[..]);
+        let env = params.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        client_proxy::loopback_proxy_ports(env, extra)
+            .map(Self::Bridged)
+            .map_err(|e| RpcError::invalid_params(e.to_string()))
+    }
+
+    /// The ports the launcher listens on inside the child's namespace.
+    pub(crate) fn namespace_ports(&self) -> Option<&[u16]> {
+        match self {
+            Self::Loopback => None,
+            Self::Enforced(ports) | Self::Bridged(ports) => Some(ports),
+        }
     }
 
     /// The child's proxy variables when they are known before the proxy starts.
@@ -74,13 +113,62 @@ impl Plan {
         config: &NetworkProxyLaunchConfig,
     ) -> Vec<(&'static str, String)> {
         match self {
-            Self::Loopback => Vec::new(),
+            Self::Loopback | Self::Bridged(_) => Vec::new(),
             Self::Enforced(ports) => exec_server_netproxy::child_env(
                 ports[0],
                 ports.get(1).copied(),
                 config.proxy.allow_local_binding,
             ),
         }
+    }
+}
+
+/// What carries a process's traffic until it exits: its own proxy, or the bridge to the
+/// client's.
+pub(crate) enum Held {
+    Proxy(Proxy),
+    Bridge(Bridge),
+}
+
+impl Held {
+    async fn shutdown(self) {
+        match self {
+            Self::Proxy(proxy) => proxy.shutdown().await,
+            Self::Bridge(bridge) => bridge.shutdown().await,
+        }
+    }
+}
+
+/// Serves the listeners the launcher made in the child's namespace (`listeners`, in
+/// [`Plan::namespace_ports`] order): the process's own proxy, or the bridge.
+pub(crate) async fn serve_namespace(
+    session: &Arc<Session>,
+    process_id: &str,
+    config: Option<&NetworkProxyLaunchConfig>,
+    plan: &Plan,
+    listeners: Vec<OwnedFd>,
+) -> Result<Option<Held>, RpcError> {
+    match (config, plan) {
+        (Some(config), Plan::Enforced(_)) => {
+            let listeners = Listeners::from_namespace(listeners);
+            let proxy = start_proxy(session, process_id, config, listeners).await?;
+            Ok(Some(Held::Proxy(proxy)))
+        }
+        (None, Plan::Bridged(ports)) => {
+            let listeners = listeners.into_iter().map(std::net::TcpListener::from);
+            let bridge = Bridge::start(
+                listeners.zip(ports.iter().copied()).collect(),
+                &ProxyLimits::default(),
+            )
+            .map_err(|e| RpcError::internal(format!("failed to start the network bridge: {e}")))?;
+            tracing::info!(
+                process = process_id,
+                ?ports,
+                "network bridge to the client's proxy started"
+            );
+            Ok(Some(Held::Bridge(bridge)))
+        }
+        _ => Ok(None),
     }
 }
 
@@ -100,7 +188,7 @@ impl Listeners {
     }
 
     /// The launcher's listeners, in [`Plan::Enforced`]'s port order.
-    pub(crate) fn from_namespace(listeners: Vec<std::os::fd::OwnedFd>) -> Self {
+    pub(crate) fn from_namespace(listeners: Vec<OwnedFd>) -> Self {
         let mut listeners = listeners.into_iter().map(std::net::TcpListener::from);
         Self {
             http: listeners
@@ -139,7 +227,7 @@ pub(crate) async fn start_proxy(
 
 /// Keeps `proxy` until `exited` resolves (the process exited), then closes it.
 pub(crate) fn hold_until(
-    proxy: Proxy,
+    proxy: Held,
     exited: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     tokio::spawn(async move {

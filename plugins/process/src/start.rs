@@ -45,14 +45,11 @@ pub(crate) async fn start(
 ) -> Result<StartResult, RpcError> {
     let (cwd, size, decision) = validate(&plugin, &params)?;
     let network = network::parse(params.network_proxy.as_ref())?;
-    let plan = network.as_ref().map(|config| {
-        let enforce = params.enforce_managed_network == Some(true);
-        let confines = decision.needs_enforcement()
-            && decision
-                .policy()
-                .is_some_and(|p| p.network == Network::Restricted);
-        network::Plan::new(config, enforce, confines)
-    });
+    let confines = decision.needs_enforcement()
+        && decision
+            .policy()
+            .is_some_and(|p| p.network == Network::Restricted);
+    let plan = network::Plan::decide(network.as_ref(), &params, confines)?;
     let table = crate::table(&plugin, &cx);
     let limit = plugin.config.max_processes_per_session;
     let mut reservation = table.reserve(&params.process_id, || {
@@ -69,7 +66,7 @@ pub(crate) async fn start(
             let proxy =
                 network::start_proxy(cx.session(), &params.process_id, config, listeners).await?;
             extend_env(&mut params, proxy.child_env());
-            Some(proxy)
+            Some(network::Held::Proxy(proxy))
         }
         (Some(config), Some(plan)) => {
             extend_env(&mut params, plan.child_env(config));
@@ -80,8 +77,9 @@ pub(crate) async fn start(
     let mut prepared = prepare(&plugin, &params, &cwd, size, decision.policy())
         .map_err(|e| RpcError::spawn_os_error(&e))?;
     let mut launch = prepared.launch.take();
-    if let (Some(launch), Some(network::Plan::Enforced(ports))) = (launch.as_mut(), &plan) {
-        launch.request.managed_ports = ports.clone();
+    let namespace_ports = plan.as_ref().and_then(network::Plan::namespace_ports);
+    if let (Some(launch), Some(ports)) = (launch.as_mut(), namespace_ports) {
+        launch.request.managed_ports = ports.to_vec();
     }
     let placeholders = hold_placeholders(&plugin, launch.as_ref(), decision.policy())?;
     let spawner = Spawner::global().map_err(|e| RpcError::spawn_os_error(&e))?;
@@ -124,12 +122,17 @@ pub(crate) async fn start(
         None => SandboxType::None,
         Some(launch) => {
             let (report, listeners) = confine(&plugin, launch, pid, &keeper, &status).await?;
-            if let (Some(config), Some(network::Plan::Enforced(_))) = (&network, &plan) {
-                let listeners = network::Listeners::from_namespace(listeners);
-                let started =
-                    network::start_proxy(cx.session(), &params.process_id, config, listeners).await;
-                match started {
-                    Ok(started) => proxy = Some(started),
+            if let Some(plan) = &plan {
+                let served = network::serve_namespace(
+                    cx.session(),
+                    &params.process_id,
+                    network.as_ref(),
+                    plan,
+                    listeners,
+                )
+                .await;
+                match served {
+                    Ok(served) => proxy = proxy.or(served),
                     Err(error) => {
                         let _ = sys::signal_group(pid, libc::SIGKILL);
                         keeper.kill_tree();
@@ -332,15 +335,6 @@ fn validate(
         _ => DEFAULT_SIZE,
     };
     environment::validate(&params.env, params.env_policy.as_ref())?;
-    // A proxy run by the client (`managedNetwork`, no `networkProxy`) is not bridged into
-    // the child's namespace yet: refused rather than run unconfined.
-    let no_proxy = params
-        .network_proxy
-        .as_ref()
-        .is_none_or(serde_json::Value::is_null);
-    if params.enforce_managed_network == Some(true) && no_proxy {
-        return Err(RpcError::unsupported_start_field("enforceManagedNetwork"));
-    }
     let decision = plugin
         .sandbox
         .decide_process(params.sandbox.as_ref(), &cwd)?;

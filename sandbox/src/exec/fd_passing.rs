@@ -9,8 +9,10 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
-/// Descriptors one message may carry here: the managed network's two listeners, with room.
-pub(crate) const MAX_FDS: usize = 4;
+/// Descriptors one message may carry here: the managed network's listeners (two for a
+/// proxy of the server's, up to `exec_server_netproxy::client_proxy::MAX_BRIDGED_PORTS`
+/// for one the client runs).
+pub(crate) const MAX_FDS: usize = 16;
 
 /// Sends `bytes` with `fds` attached; returns how many bytes went.
 pub(crate) fn send_with_fds(
