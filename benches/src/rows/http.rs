@@ -18,8 +18,8 @@ use crate::target::WsProcess;
 use crate::wire::{self, Rpc};
 
 /// A loopback origin that answers every GET with `bytes` bytes (content-length framed).
-struct Origin {
-    addr: std::net::SocketAddr,
+pub(super) struct Origin {
+    pub(super) addr: std::net::SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -30,7 +30,7 @@ impl Drop for Origin {
 }
 
 impl Origin {
-    async fn start(bytes: usize) -> Self {
+    pub(super) async fn start(bytes: usize) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the origin");
@@ -55,7 +55,7 @@ impl Origin {
         Self { addr, task }
     }
 
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("http://{}/body", self.addr)
     }
 }

@@ -6,6 +6,7 @@ mod fs;
 mod http;
 mod memory;
 mod process;
+mod proxy;
 mod registry;
 mod relay;
 mod rps;
@@ -91,6 +92,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     }
     if wanted("http_stream") {
         rows.push(http::http_stream().await);
+    }
+    if wanted("proxy_out") {
+        rows.push(proxy::proxy_out().await);
     }
     if wanted("victim_alone") || wanted("victim_flood") {
         rows.extend(fair_fs::fs_victim(budget).await);
