@@ -61,6 +61,18 @@ impl ResponseQueued {
     }
 }
 
+/// Resolves once the connection of a request has ended: for work a request starts that
+/// outlives its answer (a streamed body) and must not outlive its connection.
+#[derive(Clone)]
+pub struct ConnectionClosed(CancellationToken);
+
+impl ConnectionClosed {
+    /// Waits until the connection ends.
+    pub async fn wait(&self) {
+        self.0.cancelled().await;
+    }
+}
+
 impl Call {
     /// The request's id.
     pub fn request_id(&self) -> &RequestId {
@@ -102,6 +114,11 @@ impl Call {
     /// Resolves when the connection ends.
     pub async fn connection_closed(&self) {
         self.connection.closed.cancelled().await;
+    }
+
+    /// A handle that resolves when the connection ends, to move into a task.
+    pub fn connection_closed_signal(&self) -> ConnectionClosed {
+        ConnectionClosed(self.connection.closed.clone())
     }
 
     /// A handle that resolves once this request's response is queued.

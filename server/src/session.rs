@@ -145,12 +145,15 @@ impl Session {
     /// Sends the client a request and waits for its answer (the caller bounds the wait;
     /// dropping the future gives the request up). Sent to whichever connection the session
     /// is attached to; the answer must come back on an attached connection of the session.
+    /// `owner` (a process id) names whose share of the pending table it takes
+    /// ([`crate::client_requests`]).
     pub async fn request_client<P: Serialize>(
         &self,
+        owner: &str,
         method: &str,
         params: &P,
     ) -> Result<ClientAnswer, NoAnswer> {
-        let pending = self.client_requests.register()?;
+        let pending = self.client_requests.register(owner)?;
         let frame = || {
             serde_json::to_string(&serde_json::json!({
                 "id": pending.id,

@@ -264,3 +264,130 @@ async fn sessions_opened_later_never_take_an_earlier_sessions_guarantee() {
         .await
         .expect("the victim's process start");
 }
+
+/// Streamed `http/request` bodies from an origin that sends its head and then nothing.
+/// Before, each stream's connection to the origin was charged to nobody and outlived the
+/// client's connection: hogs that opened streams and left took every descriptor the
+/// server had. Now each request is charged to its session while it runs, and a stream ends
+/// with its connection.
+#[tokio::test]
+async fn http_streams_are_charged_and_end_with_their_connection() {
+    if !landlock_available() {
+        return;
+    }
+    let origin = crate::http::origin::Origin::start().await;
+    let stalled = origin.url("/sse?chunks=1&delay=600000");
+    let server = server(
+        Some(NOFILE),
+        &[("EXEC_SERVER_HTTP__MAX_STREAMS_PER_CONNECTION", "1000")],
+    )
+    .await;
+    let pid = crate::fair_share::pid(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("victim.txt");
+    std::fs::write(&file, b"still readable").unwrap();
+    let mut victim = client(&server).await;
+    let mut hogs = vec![client(&server).await, client(&server).await];
+    let baseline = open_fds(pid);
+
+    // Two sessions of up to 1,000 streams each: more than the whole limit.
+    let mut refusals = Vec::new();
+    for (n, hog) in hogs.iter_mut().enumerate() {
+        for i in 0..1000 {
+            let params = json!({"method": "GET", "url": stalled, "streamResponse": true,
+                                "requestId": format!("h{n}-{i}")});
+            if let Err(error) = hog.request("http/request", params).await {
+                refusals.push(error);
+                break;
+            }
+        }
+    }
+    assert_eq!(refusals.len(), 2, "every one of the 2,000 streams ran");
+    for refusal in &refusals {
+        assert_budget_refusal(refusal, "an http/request");
+    }
+    let read = sandboxed_read(&mut victim, &file)
+        .await
+        .expect("the victim's sandboxed read");
+    assert_eq!(read["dataBase64"], crate::util::b64("still readable"));
+    short_process(&mut victim, "victim")
+        .await
+        .expect("the victim's process start");
+
+    // The hogs leave; their streams, and the origin connections they held, end with them.
+    for hog in &mut hogs {
+        hog.close().await;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while open_fds(pid) > baseline + 16 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let left = open_fds(pid);
+    assert!(
+        left <= baseline + 16,
+        "{left} descriptors open after the hogs left, {baseline} before"
+    );
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// What a hostile managed child does: opens 300 connections to its proxy and holds them.
+const HOLD_PROXY_CONNECTIONS: &str = r#"
+import socket, time
+held = []
+for _ in range(300):
+    try:
+        held.append(socket.create_connection(("127.0.0.1", 3128), timeout=2))
+    except OSError:
+        pass
+print("held", len(held), flush=True)
+time.sleep(120)
+"#;
+
+/// Managed children that open connections to their proxies by the hundred. Before, each
+/// proxy let 256 connections in, charged to nobody, two descriptors each: four children
+/// took the whole limit and the victim's next start failed with EMFILE. Now every
+/// connection is charged to the children's session and refused past its share.
+#[tokio::test]
+async fn managed_network_connections_are_charged_to_the_session() {
+    if !landlock_available() {
+        return;
+    }
+    let server = server(Some(NOFILE), &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("victim.txt");
+    std::fs::write(&file, b"still readable").unwrap();
+    let mut victim = client(&server).await;
+    let mut hog = client(&server).await;
+    let proxy = json!({"proxy": {"enabled": true, "enableSocks5": false,
+        "enableSocks5Udp": false, "allowUpstreamProxy": false,
+        "dangerouslyAllowAllUnixSockets": false, "mode": "full", "domains": {},
+        "allowLocalBinding": false}});
+    for n in 0..4 {
+        let params = json!({"processId": format!("hog{n}"), "cwd": "file:///tmp", "tty": false,
+            "argv": ["python3", "-c", HOLD_PROXY_CONNECTIONS],
+            "env": {"PATH": std::env::var("PATH").unwrap()},
+            "sandbox": managed(vec![root_read()]), "networkProxy": proxy,
+            "enforceManagedNetwork": true});
+        hog.call("process/start", params).await;
+    }
+    let mut held = 0;
+    while held < 4 {
+        let output = hog.notification("process/output").await;
+        held += String::from_utf8_lossy(&crate::util::b64decode(&output["chunk"]))
+            .matches("held ")
+            .count();
+    }
+    let read = sandboxed_read(&mut victim, &file)
+        .await
+        .expect("the victim's sandboxed read");
+    assert_eq!(read["dataBase64"], crate::util::b64("still readable"));
+    short_process(&mut victim, "victim")
+        .await
+        .expect("the victim's process start");
+    hog.close().await;
+}

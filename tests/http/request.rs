@@ -217,6 +217,19 @@ async fn value_env_var_reads_the_server_s_own_environment_behind_a_denylist() {
         error["message"],
         "http/request header authorization cannot use executor environment variable EXEC_SERVER_SECRET_FOR_TEST"
     );
+    // [diff] A secret read from the environment stays with the origin it was sent to,
+    // whatever the header's name (codex sends an `x-api-key` on across origins).
+    let other = Origin::start().await;
+    let mut ours = sides.client(Side::Ours, &env).await;
+    let to = other.url("/echo");
+    let params = json!({"method": "GET", "url": origin.url(&format!("/redirect/307?to={to}")),
+        "requestId": "r", "headers": [{"name": "x-api-key", "value": "", "valueEnvVar": "MY_TOKEN"},
+                                      {"name": "x-plain", "value": "v"}]});
+    ours.call("http/request", params).await;
+    assert_eq!(origin.last().header("x-api-key"), ["sekrit"]);
+    let seen = other.last();
+    assert!(seen.header("x-api-key").is_empty(), "{seen:?}");
+    assert_eq!(seen.header("x-plain"), ["v"]);
 }
 
 #[tokio::test]

@@ -3,7 +3,9 @@
 
 use exec_server_core::proto::bytes::encode_base64;
 use exec_server_core::proto::RpcError;
-use exec_server_core::{Call, ResponseQueued, Session};
+use std::sync::Arc;
+
+use exec_server_core::{Call, ConnectionClosed, DescriptorLease, ResponseQueued, Session};
 use tokio::time::Instant;
 
 use crate::streams::StreamSlot;
@@ -35,43 +37,67 @@ pub(crate) async fn read_whole(
     }
 }
 
-/// Sends the body as deltas once the result is queued: `seq` from 1, one delta per piece
-/// read (split above [`MAX_DELTA_BYTES`]), then the empty terminal delta, with `error` when
-/// the body could not be read to its end. Stops without a word once the connection is
-/// gone (a delta could not be delivered).
-pub(crate) async fn stream(
-    session: std::sync::Arc<Session>,
-    queued: ResponseQueued,
-    mut response: reqwest::Response,
-    deadline: Option<Instant>,
-    slot: StreamSlot,
-    request_id: String,
-) {
-    queued.wait().await;
-    let mut seq = 0u64;
-    let error = loop {
-        let chunk = match within(deadline, response.chunk()).await {
-            Some(Ok(Some(chunk))) => chunk,
-            Some(Ok(None)) => break None,
-            Some(Err(_)) | None => break Some(BODY_ERROR),
-        };
-        for piece in chunk.chunks(MAX_DELTA_BYTES) {
-            seq += 1;
-            if !send(&session, &request_id, seq, encode_base64(piece)).await {
-                return;
-            }
+/// A streamed body on its way to the client, with what it holds: its place among the
+/// connection's streams and its descriptors. It ends with its connection.
+pub(crate) struct Stream {
+    pub(crate) session: Arc<Session>,
+    pub(crate) queued: ResponseQueued,
+    pub(crate) closed: ConnectionClosed,
+    pub(crate) slot: StreamSlot,
+    pub(crate) lease: DescriptorLease,
+    pub(crate) request_id: String,
+}
+
+impl Stream {
+    /// Sends the body as deltas once the result is queued: `seq` from 1, one delta per
+    /// piece read (split above [`MAX_DELTA_BYTES`]), then the empty terminal delta, with
+    /// `error` when the body could not be read to its end. Stops without a word once the
+    /// connection is gone, even while the origin sends nothing.
+    pub(crate) async fn run(self, response: reqwest::Response, deadline: Option<Instant>) {
+        let closed = self.closed.clone();
+        tokio::select! {
+            _ = closed.wait() => {}
+            _ = self.pump(response, deadline) => {}
         }
-    };
-    seq += 1;
-    let terminal = BodyDelta {
-        request_id: &request_id,
-        seq,
-        delta_base64: String::new(),
-        done: true,
-        error,
-    };
-    let _ = session.notify(BODY_DELTA, &terminal).await;
-    drop(slot);
+    }
+
+    async fn pump(self, mut response: reqwest::Response, deadline: Option<Instant>) {
+        let Self {
+            session,
+            queued,
+            slot,
+            lease,
+            request_id,
+            ..
+        } = self;
+        queued.wait().await;
+        let mut seq = 0u64;
+        let error = loop {
+            let chunk = match within(deadline, response.chunk()).await {
+                Some(Ok(Some(chunk))) => chunk,
+                Some(Ok(None)) => break None,
+                Some(Err(_)) | None => break Some(BODY_ERROR),
+            };
+            for piece in chunk.chunks(MAX_DELTA_BYTES) {
+                seq += 1;
+                if !send(&session, &request_id, seq, encode_base64(piece)).await {
+                    return;
+                }
+            }
+        };
+        drop(response);
+        drop(lease);
+        seq += 1;
+        let terminal = BodyDelta {
+            request_id: &request_id,
+            seq,
+            delta_base64: String::new(),
+            done: true,
+            error,
+        };
+        let _ = session.notify(BODY_DELTA, &terminal).await;
+        drop(slot);
+    }
 }
 
 /// One non-terminal delta; `false` when it could not be delivered.

@@ -1,6 +1,7 @@
 //! Following a redirect by hand (CODEX-NETWORK.md §2.4): the next request after a 3xx, with
 //! the method, body and headers each status calls for, a `referer`, and the credentials of
-//! one origin never sent to another.
+//! one origin never sent to another: `authorization`, cookies, and every header whose
+//! value came from the server's environment (`valueEnvVar`), whatever its name.
 
 use bytes::Bytes;
 use exec_server_core::proto::RpcError;
@@ -84,12 +85,27 @@ pub(crate) fn next_hop(
             next.headers.remove(name);
         }
         next.headers.remove("cookie2");
+        drop_sensitive(&mut next.headers);
     }
     next.headers.remove(REFERER);
     if let Some(referer) = referer(&hop.url, &next.url, same_origin) {
         next.headers.insert(REFERER, referer);
     }
     Ok(Some(next))
+}
+
+/// Removes every header that carries a server secret (a `valueEnvVar` value, marked
+/// sensitive when it was read), whatever its name: an `x-api-key` is a credential of its
+/// origin as much as an `authorization` is.
+fn drop_sensitive(headers: &mut HeaderMap) {
+    let secret: Vec<_> = headers
+        .iter()
+        .filter(|(_, value)| value.is_sensitive())
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in secret {
+        headers.remove(name);
+    }
 }
 
 /// The `referer` of a hop from `from` to `to`: the whole previous URL within one origin,
@@ -119,6 +135,10 @@ mod tests {
         headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer t"));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         headers.insert(COOKIE, HeaderValue::from_static("a=b"));
+        let mut secret = HeaderValue::from_static("from-the-environment");
+        secret.set_sensitive(true);
+        headers.insert("x-api-key", secret);
+        headers.insert("x-plain", HeaderValue::from_static("kept"));
         Hop {
             method,
             url: Url::parse(url).unwrap(),
@@ -158,6 +178,8 @@ mod tests {
         .unwrap();
         assert!(next.headers.get(AUTHORIZATION).is_none());
         assert!(next.headers.get(COOKIE).is_none());
+        assert!(next.headers.get("x-api-key").is_none(), "a server secret");
+        assert_eq!(next.headers["x-plain"], "kept");
         assert_eq!(next.headers[REFERER], "http://127.0.0.1:8080/");
         let secure = hop(Method::GET, "https://a.test/");
         let down = next_hop(&secure, StatusCode::FOUND, &redirect("http://a.test/"))

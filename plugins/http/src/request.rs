@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use exec_server_core::proto::bytes::{decode_base64, encode_base64};
 use exec_server_core::proto::RpcError;
-use exec_server_core::Call;
+use exec_server_core::{descriptors, Call};
 use reqwest::Method;
 use tokio::time::Instant;
 use url::Url;
@@ -21,6 +21,11 @@ use crate::redirect::Hop;
 use crate::state::HttpState;
 use crate::streams::{ActiveStreams, StreamSlot};
 use crate::wire::{self, RedirectPolicy, RequestParams, RequestResult};
+
+/// Descriptors one request may hold at once, charged to its session for as long as it
+/// runs (a streamed body included): its connection, and the resolver's socket while it
+/// looks a name up. No connection is kept once its request ends ([`HttpState`]).
+pub(crate) const DESCRIPTORS_PER_REQUEST: u64 = 2;
 
 pub(crate) async fn handle(
     state: Arc<HttpState>,
@@ -44,6 +49,11 @@ pub(crate) async fn handle(
         false => None,
     };
     let headers = request_headers(&params.headers, process_env)?;
+    let lease = descriptors::charge(
+        cx.session().id(),
+        DESCRIPTORS_PER_REQUEST,
+        "an http/request",
+    )?;
     // One deadline covers the connect, the head and the body; none when not asked for.
     let deadline = params
         .timeout_ms
@@ -60,10 +70,15 @@ pub(crate) async fn handle(
     let headers = response_headers(response.headers());
     let body_base64 = match slot {
         Some(slot) => {
-            let session = Arc::clone(cx.session());
-            let queued = cx.response_queued();
-            let id = params.request_id;
-            tokio::spawn(body::stream(session, queued, response, deadline, slot, id));
+            let stream = body::Stream {
+                session: Arc::clone(cx.session()),
+                queued: cx.response_queued(),
+                closed: cx.connection_closed_signal(),
+                slot,
+                lease,
+                request_id: params.request_id,
+            };
+            tokio::spawn(stream.run(response, deadline));
             String::new()
         }
         None => {

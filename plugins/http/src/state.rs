@@ -49,7 +49,9 @@ impl HttpState {
 
     /// Redirects are followed by hand (`redirect`), gzip and zstd bodies decoded (and
     /// their `content-encoding` and `content-length` removed), `https` trusted as the
-    /// relay trusts it. With narrowed targets, host names resolve through the checking
+    /// relay trusts it. No connection outlives its request: an idle pool would hold
+    /// sockets no session is charged for, one per host a client names
+    /// ([`crate::request::DESCRIPTORS_PER_REQUEST`]). With narrowed targets, host names resolve through the checking
     /// resolver and the executor's proxy variables are not used.
     fn build_client(&self) -> Result<reqwest::Client, String> {
         let tls = (*self.trust.client_config()).clone();
@@ -57,6 +59,7 @@ impl HttpState {
             .use_preconfigured_tls(tls)
             .redirect(Policy::none())
             .referer(false)
+            .pool_max_idle_per_host(0)
             .gzip(true)
             .zstd(true);
         if self.config.restricts_targets() {

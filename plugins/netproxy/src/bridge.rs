@@ -13,8 +13,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::limits::ProxyLimits;
+use crate::limits::{Admission, ProxyLimits};
 use crate::relay::relay;
+use crate::server::Admit;
 
 /// The forwarding of one process. Dropping it (or [`Bridge::shutdown`]) closes its
 /// listeners and every connection it carries.
@@ -25,13 +26,18 @@ pub struct Bridge {
 
 impl Bridge {
     /// Forwards what `listeners` accept: each `(listener, port)` to `127.0.0.1:port`.
-    /// `limits.max_connections` bounds the connections of all listeners together.
+    /// `limits.max_connections` bounds the connections of all listeners together, and
+    /// `admission` is charged for each.
     pub fn start(
         listeners: Vec<(std::net::TcpListener, u16)>,
         limits: &ProxyLimits,
+        admission: Option<Admission>,
     ) -> io::Result<Self> {
         let shutdown = CancellationToken::new();
-        let slots = Arc::new(Semaphore::new(limits.max_connections));
+        let admit = Admit {
+            slots: Arc::new(Semaphore::new(limits.max_connections)),
+            admission,
+        };
         let mut accept_loops = Vec::new();
         for (listener, port) in listeners {
             listener.set_nonblocking(true)?;
@@ -42,7 +48,7 @@ impl Bridge {
                 limits: limits.clone(),
                 shutdown: shutdown.clone(),
             };
-            let accepting = forwarding.accept_loop(listener, Arc::clone(&slots));
+            let accepting = forwarding.accept_loop(listener, admit.clone());
             let cancelled = shutdown.clone();
             accept_loops.push(tokio::spawn(async move {
                 tokio::select! {
@@ -80,24 +86,12 @@ struct Forwarding {
 }
 
 impl Forwarding {
-    /// Takes a connection slot before accepting, so at most `max_connections` are open.
-    async fn accept_loop(self, listener: TcpListener, slots: Arc<Semaphore>) {
-        loop {
-            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                return;
-            };
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    // Out of descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "network bridge: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
+    /// Forwards every connection [`Admit::accept`] lets in.
+    async fn accept_loop(self, listener: TcpListener, admit: Admit) {
+        while let Some((stream, _, admitted)) = admit.accept(&listener).await {
             let forwarding = self.clone();
             tokio::spawn(async move {
-                let _slot = slot;
+                let _admitted = admitted;
                 tokio::select! {
                     _ = forwarding.shutdown.cancelled() => {}
                     _ = forwarding.forward(stream) => {}

@@ -48,7 +48,7 @@ pub use decider::{DeciderAnswer, PolicyDecider, PolicyRequest};
 pub use decision::{Decision, Protocol, Reason, Scope, Source, Verdict};
 pub use env::child_env;
 pub use event::{EventSink, PolicyEvent};
-pub use limits::ProxyLimits;
+pub use limits::{Admission, ProxyLimits};
 pub use policy::{Evaluation, PolicyEngine, Target};
 pub use resolve::{Resolver, StaticResolver, SystemResolver};
 pub use server::{ListenerSource, Proxy, ProxyOptions};

@@ -1,7 +1,13 @@
 //! The bounds of one proxy: how many connections, how large a request head, how long
 //! anything may sit idle.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Asked for each connection a proxy or bridge accepts, before it is served: what it
+/// returns (a charge against the server's descriptor budget, say) is held for as long as
+/// the connection is open; `None` closes the connection at once.
+pub type Admission = Arc<dyn Fn() -> Option<Box<dyn Send>> + Send + Sync>;
 
 #[derive(Debug, Clone)]
 pub struct ProxyLimits {

@@ -5,7 +5,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +16,7 @@ use crate::decider::PolicyDecider;
 use crate::env::child_env;
 use crate::event::EventSink;
 use crate::http_proxy::serve_http;
-use crate::limits::ProxyLimits;
+use crate::limits::{Admission, ProxyLimits};
 use crate::policy::PolicyEngine;
 use crate::resolve::{Resolver, SystemResolver};
 use crate::socks::serve_socks;
@@ -64,6 +64,8 @@ pub struct ProxyOptions {
     /// Receives every decision (`network/policyDecision` without `processId`).
     pub events: EventSink,
     pub limits: ProxyLimits,
+    /// Charged for each accepted connection (none: only `limits.max_connections`).
+    pub admission: Option<Admission>,
     pub http_listener: ListenerSource,
     /// Used only with `enableSocks5`.
     pub socks_listener: ListenerSource,
@@ -77,6 +79,7 @@ impl ProxyOptions {
             decider: None,
             events,
             limits: ProxyLimits::default(),
+            admission: None,
             http_listener: ListenerSource::Loopback,
             socks_listener: ListenerSource::Loopback,
         }
@@ -136,9 +139,13 @@ impl Proxy {
                 .flatten()
                 .collect(),
         });
-        let mut accept_loops = vec![spawn_accept_loop(http, ListenerKind::Http, &ctx, &slots)];
+        let admit = Admit {
+            slots,
+            admission: options.admission,
+        };
+        let mut accept_loops = vec![spawn_accept_loop(http, ListenerKind::Http, &ctx, &admit)];
         if let Some(socks) = socks {
-            accept_loops.push(spawn_accept_loop(socks, ListenerKind::Socks, &ctx, &slots));
+            accept_loops.push(spawn_accept_loop(socks, ListenerKind::Socks, &ctx, &admit));
         }
         tracing::info!(%http_addr, ?socks_addr, "network proxy started");
         Ok(Self {
@@ -183,14 +190,66 @@ impl Drop for Proxy {
     }
 }
 
+/// What a connection needs before it is served: one of `max_connections` slots, then
+/// the caller's admission.
+#[derive(Clone)]
+pub(crate) struct Admit {
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) admission: Option<Admission>,
+}
+
+/// Held for as long as an admitted connection is open.
+pub(crate) struct Admitted {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _charge: Option<Box<dyn Send>>,
+}
+
+impl Admit {
+    /// Takes a slot (waiting for one), then accepts a connection the admission lets in;
+    /// `None` once the slots are closed. Refused connections are closed at once.
+    pub(crate) async fn accept(
+        &self,
+        listener: &TcpListener,
+    ) -> Option<(TcpStream, SocketAddr, Admitted)> {
+        loop {
+            let slot = Arc::clone(&self.slots).acquire_owned().await.ok()?;
+            let (stream, client) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "network proxy: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let charge = match &self.admission {
+                None => None,
+                Some(admission) => match admission() {
+                    Some(charge) => Some(charge),
+                    None => {
+                        tracing::warn!(%client, "network proxy: connection refused by the descriptor budget");
+                        drop(stream);
+                        continue;
+                    }
+                },
+            };
+            let admitted = Admitted {
+                _slot: slot,
+                _charge: charge,
+            };
+            return Some((stream, client, admitted));
+        }
+    }
+}
+
 fn spawn_accept_loop(
     listener: TcpListener,
     kind: ListenerKind,
     ctx: &Arc<ProxyContext>,
-    slots: &Arc<Semaphore>,
+    admit: &Admit,
 ) -> JoinHandle<()> {
     let shutdown = ctx.shutdown.clone();
-    let accepting = accept_loop(listener, kind, ctx.clone(), slots.clone());
+    let accepting = accept_loop(listener, kind, ctx.clone(), admit.clone());
     tokio::spawn(async move {
         tokio::select! {
             _ = shutdown.cancelled() => {}
@@ -199,29 +258,18 @@ fn spawn_accept_loop(
     })
 }
 
-/// Takes a connection slot before accepting, so at most `max_connections` are open.
+/// Serves every connection [`Admit::accept`] lets in, so at most `max_connections` are
+/// open and each is charged.
 async fn accept_loop(
     listener: TcpListener,
     kind: ListenerKind,
     ctx: Arc<ProxyContext>,
-    slots: Arc<Semaphore>,
+    admit: Admit,
 ) {
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let (stream, client) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(%error, "network proxy: accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+    while let Some((stream, client, admitted)) = admit.accept(&listener).await {
         let conn_ctx = ctx.clone();
         ctx.spawn(async move {
-            let _slot = slot;
+            let _admitted = admitted;
             match kind {
                 ListenerKind::Http => serve_http(stream, client, conn_ctx).await,
                 ListenerKind::Socks => serve_socks(stream, client, conn_ctx).await,

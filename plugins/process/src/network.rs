@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use exec_server_core::proto::process::StartParams;
 use exec_server_core::proto::RpcError;
-use exec_server_core::Session;
+use exec_server_core::{descriptors, Session};
 use exec_server_netproxy::{
-    client_proxy, Bridge, DeciderAnswer, EventSink, ListenerSource, NetworkProxyLaunchConfig,
-    PolicyDecider, PolicyEvent, PolicyRequest, Proxy, ProxyLimits, ProxyOptions,
+    client_proxy, Admission, Bridge, DeciderAnswer, EventSink, ListenerSource,
+    NetworkProxyLaunchConfig, PolicyDecider, PolicyEvent, PolicyRequest, Proxy, ProxyLimits,
+    ProxyOptions,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -156,11 +157,12 @@ pub(crate) async fn serve_namespace(
         }
         (None, Plan::Bridged(ports)) => {
             let listeners = listeners.into_iter().map(std::net::TcpListener::from);
-            let bridge = Bridge::start(
-                listeners.zip(ports.iter().copied()).collect(),
-                &ProxyLimits::default(),
-            )
-            .map_err(|e| RpcError::internal(format!("failed to start the network bridge: {e}")))?;
+            let listeners = listeners.zip(ports.iter().copied()).collect();
+            let limits = ProxyLimits::default();
+            let bridge =
+                Bridge::start(listeners, &limits, Some(admission(session))).map_err(|e| {
+                    RpcError::internal(format!("failed to start the network bridge: {e}"))
+                })?;
             tracing::info!(
                 process = process_id,
                 ?ports,
@@ -209,6 +211,7 @@ pub(crate) async fn start_proxy(
     listeners: Listeners,
 ) -> Result<Proxy, RpcError> {
     let mut options = ProxyOptions::new(event_sink(session, process_id));
+    options.admission = Some(admission(session));
     options.http_listener = listeners.http;
     options.socks_listener = listeners.socks;
     if config.policy_decision_timeout_ms.is_some() {
@@ -223,6 +226,23 @@ pub(crate) async fn start_proxy(
             std::io::ErrorKind::InvalidInput => RpcError::invalid_params(e.to_string()),
             _ => RpcError::internal(format!("failed to start the network proxy: {e}")),
         })
+}
+
+/// Descriptors one connection of a child's proxy or bridge holds in the server: the
+/// child's, and the one to its destination.
+const DESCRIPTORS_PER_CONNECTION: u64 = 2;
+
+/// Charges each connection a process's proxy or bridge accepts to the session's share of
+/// the descriptor budget, like anything else the server holds for it: a child that opens
+/// connections by the hundred is refused at its session's share, not at the server's
+/// limit.
+fn admission(session: &Session) -> Admission {
+    let session = session.id().to_owned();
+    Arc::new(move || {
+        let what = "a managed-network connection";
+        let lease = descriptors::charge(&session, DESCRIPTORS_PER_CONNECTION, what).ok()?;
+        Some(Box::new(lease) as Box<dyn Send>)
+    })
 }
 
 /// Keeps `proxy` until `exited` resolves (the process exited), then closes it.
@@ -288,7 +308,11 @@ impl PolicyDecider for ClientDecider {
             process_id: &self.process_id,
             request: &request,
         };
-        match self.session.request_client(POLICY_REQUEST, &params).await {
+        match self
+            .session
+            .request_client(&self.process_id, POLICY_REQUEST, &params)
+            .await
+        {
             Ok(Ok(result)) => DeciderAnswer::from_result(&result),
             _ => None,
         }
