@@ -106,11 +106,12 @@ fn refusal(ip: IpAddr) -> String {
     }
 }
 
-/// Where `ip` leads. IPv4-mapped IPv6 addresses are judged as the IPv4 address they are.
+/// Where `ip` leads. An IPv6 address that carries an IPv4 one (mapped, compatible, NAT64,
+/// 6to4) is judged as that IPv4 address, as the managed network's proxy judges it.
 pub(crate) fn reach(ip: IpAddr) -> Reach {
     match ip {
         IpAddr::V4(v4) => reach_v4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match exec_server_netproxy::host::embedded_v4(v6) {
             Some(v4) => reach_v4(v4),
             None => reach_v6(v6),
         },
@@ -143,12 +144,14 @@ fn reach_v6(ip: Ipv6Addr) -> Reach {
     if ip.is_loopback() || ip.is_unspecified() {
         return Reach::Loopback;
     }
-    let first = ip.segments()[0];
-    let private = (first & 0xfe00) == 0xfc00
-        || (first & 0xffc0) == 0xfe80
+    let seg = ip.segments();
+    let private = (seg[0] & 0xfe00) == 0xfc00 // ULA fc00::/7
+        || (seg[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+        || (seg[0] & 0xffc0) == 0xfec0 // site-local fec0::/10
         || ip.is_multicast()
-        || first == 0x2001 && ip.segments()[1] == 0x0db8
-        || first == 0x0064 && ip.segments()[1] == 0xff9b;
+        || (seg[0] == 0x2001 && seg[1] == 0x0db8) // documentation
+        || (seg[0] == 0x2001 && seg[1] == 0) // Teredo: a tunnel to anywhere
+        || (seg[0] == 0x0064 && seg[1] == 0xff9b); // NAT64 beyond /96
     if private {
         Reach::Private
     } else {
@@ -217,6 +220,11 @@ mod tests {
             ("fd00::1", Reach::Private),
             ("fe80::1", Reach::Private),
             ("::ffff:192.168.1.1", Reach::Private),
+            ("::127.0.0.1", Reach::Loopback),
+            ("2002:7f00:1::", Reach::Loopback),
+            ("64:ff9b::a00:1", Reach::Private),
+            ("2001:0:4136:e378::1", Reach::Private),
+            ("fec0::1", Reach::Private),
             ("8.8.8.8", Reach::Public),
             ("2606:4700::1111", Reach::Public),
         ] {

@@ -70,7 +70,7 @@ fn is_non_public_v6(ip: Ipv6Addr) -> bool {
 
 /// The IPv4 address carried by IPv4-mapped, IPv4-compatible, NAT64 and 6to4 forms, so
 /// that `::ffff:127.0.0.1` counts as loopback.
-fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+pub fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let seg = ip.segments();
     let tail = || {
         Ipv4Addr::new(
