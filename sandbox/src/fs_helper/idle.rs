@@ -18,7 +18,11 @@ use std::time::Duration;
 use exec_server_core::metrics::{self, Gauge};
 use tokio::time::Instant;
 
-use super::runner::ServingHelper;
+/// What can be kept: a helper that can tell whether it still runs (and is killed when
+/// dropped). The pool knows nothing else of it, so it does not depend on the runner.
+pub(crate) trait Kept: std::fmt::Debug + Send + 'static {
+    fn is_running(&mut self) -> bool;
+}
 
 /// Whose requests a helper may serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,31 +46,40 @@ impl HelperKey {
 }
 
 /// Helpers that answered and wait for their key's next request.
-pub(crate) struct IdleHelpers {
+pub(crate) struct IdleHelpers<H> {
     total: usize,
     per_session: usize,
     reuse_for: Duration,
-    state: Mutex<State>,
+    state: Mutex<State<H>>,
     /// `exec_server_fs_helpers_idle`.
     idle: Gauge,
 }
 
-#[derive(Debug, Default)]
-struct State {
+#[derive(Debug)]
+struct State<H> {
     /// Oldest first.
-    waiting: VecDeque<Waiting>,
+    waiting: VecDeque<Waiting<H>>,
     /// Whether a sweep task runs (it stops when nothing waits).
     sweeping: bool,
 }
 
+impl<H> Default for State<H> {
+    fn default() -> Self {
+        Self {
+            waiting: VecDeque::new(),
+            sweeping: false,
+        }
+    }
+}
+
 #[derive(Debug)]
-struct Waiting {
+struct Waiting<H> {
     key: HelperKey,
-    helper: ServingHelper,
+    helper: H,
     since: Instant,
 }
 
-impl std::fmt::Debug for IdleHelpers {
+impl<H> std::fmt::Debug for IdleHelpers<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdleHelpers")
             .field("total", &self.total)
@@ -76,7 +89,7 @@ impl std::fmt::Debug for IdleHelpers {
     }
 }
 
-impl IdleHelpers {
+impl<H: Kept> IdleHelpers<H> {
     pub(crate) fn new(total: usize, per_session: usize, reuse_for: Duration) -> Arc<Self> {
         Arc::new(Self {
             total,
@@ -93,7 +106,7 @@ impl IdleHelpers {
 
     /// The helper that waited least for `key`, if one still runs. Helpers found dead on
     /// the way are dropped.
-    pub(crate) fn take(&self, key: &HelperKey) -> Option<ServingHelper> {
+    pub(crate) fn take(&self, key: &HelperKey) -> Option<H> {
         let mut gone = Vec::new();
         let mut state = self.lock();
         gone.extend(state.take_expired(self.reuse_for));
@@ -113,7 +126,7 @@ impl IdleHelpers {
     }
 
     /// Keeps `helper` for `key`'s next request, within the bounds.
-    pub(crate) fn put(self: &Arc<Self>, key: HelperKey, helper: ServingHelper) {
+    pub(crate) fn put(self: &Arc<Self>, key: HelperKey, helper: H) {
         if self.total == 0 || self.per_session == 0 || self.reuse_for.is_zero() {
             return;
         }
@@ -151,7 +164,7 @@ impl IdleHelpers {
         state.waiting = kept;
         self.idle.set(state.waiting.len() as i64);
         drop(state);
-        drop::<VecDeque<Waiting>>(gone);
+        drop::<VecDeque<Waiting<H>>>(gone);
     }
 
     /// How many helpers wait.
@@ -160,15 +173,15 @@ impl IdleHelpers {
         self.lock().waiting.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State<H>> {
         self.state.lock().expect("idle helpers lock")
     }
 }
 
-impl State {
+impl<H> State<H> {
     /// Removes the helpers that waited `reuse_for` or longer (they are killed when the
     /// caller drops them, outside the lock).
-    fn take_expired(&mut self, reuse_for: Duration) -> Vec<Waiting> {
+    fn take_expired(&mut self, reuse_for: Duration) -> Vec<Waiting<H>> {
         let mut expired = Vec::new();
         // Oldest first: the expired ones are at the front.
         while self
@@ -190,7 +203,7 @@ impl State {
 }
 
 /// Kills helpers as they pass `reuse_for`, until none waits.
-async fn sweep(pool: Weak<IdleHelpers>, reuse_for: Duration) {
+async fn sweep<H: Kept>(pool: Weak<IdleHelpers<H>>, reuse_for: Duration) {
     loop {
         tokio::time::sleep(reuse_for).await;
         let Some(pool) = pool.upgrade() else { return };

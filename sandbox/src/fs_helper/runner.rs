@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
-use super::idle::{HelperKey, IdleHelpers};
+use super::idle::{HelperKey, IdleHelpers, Kept};
 use super::{HelperRequest, HelperResponse, FS_HELPER_ARG1, SERVE_ARG};
 use crate::policy::{Enforcement, SandboxPolicy};
 
@@ -75,7 +75,7 @@ pub struct FsHelperRunner {
     slots: FairSlots,
     /// Helpers that answered and wait for their session's next request: at most
     /// `max_concurrent` in all and `per_session` for one session.
-    idle: Arc<IdleHelpers>,
+    idle: Arc<IdleHelpers<ServingHelper>>,
 }
 
 impl FsHelperRunner {
@@ -382,7 +382,15 @@ impl ServingHelper {
     pub(crate) fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+}
 
+impl Kept for ServingHelper {
+    fn is_running(&mut self) -> bool {
+        ServingHelper::is_running(self)
+    }
+}
+
+impl ServingHelper {
     /// The start of what the helper wrote on stderr (it writes only as it fails).
     async fn stderr(&mut self) -> (Vec<u8>, bool) {
         read_stderr(&mut self.stderr).await
