@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::http::origin::Origin;
+use crate::http::Sides;
 use crate::util::{b64decode, Client, WsServer};
 
 fn start(id: &str, proxy: Value) -> Value {
@@ -59,88 +60,92 @@ async fn via_proxy(proxy: &str, url: &str) -> (String, String) {
     (head.to_owned(), body.to_owned())
 }
 
+/// Runs on codex 0.171.0 too (unsandboxed: the proxy on the server's loopback), so every
+/// fact checked here is codex's as well.
 #[tokio::test]
 async fn a_process_gets_its_own_proxy_its_variables_and_every_decision() {
+    let sides = Sides::new("a_process_gets_its_own_proxy_its_variables_and_every_decision");
     let origin = Origin::start().await;
-    let server = WsServer::start(&[]).await;
-    let mut client = server.connect_initialized().await;
-    let config = proxy_config(
-        json!({"127.0.0.1": "allow", "denied.test": "deny"}),
-        false,
-        None,
-    );
-    client.call("process/start", start("p1", config)).await;
-    let env = child_env(&mut client, "p1").await;
-    let proxy = var(&env, "HTTP_PROXY").to_owned();
-    assert!(proxy.starts_with("http://127.0.0.1:"), "{proxy}");
-    for name in [
-        "HTTPS_PROXY",
-        "http_proxy",
-        "ALL_PROXY",
-        "WS_PROXY",
-        "PIP_PROXY",
-    ] {
-        assert_eq!(var(&env, name), proxy, "{name}");
-    }
-    assert_eq!(var(&env, "NO_PROXY"), "");
-    assert_eq!(var(&env, "CODEX_NETWORK_PROXY_ACTIVE"), "1");
-    assert_eq!(var(&env, "CODEX_NETWORK_ALLOW_LOCAL_BINDING"), "0");
-
-    // Allowed exactly (a loopback literal must be): through, and reported.
-    let (head, body) = via_proxy(&proxy, &origin.url("/status/201")).await;
-    assert!(head.starts_with("HTTP/1.1 201"), "{head}");
-    assert_eq!(body, "status");
-    let decision = client.notification("network/policyDecision").await;
-    assert_eq!(decision["processId"], "p1");
-    assert_eq!(decision["decision"], "allow");
-    assert_eq!(decision["scope"], "domain");
-    assert_eq!(decision["protocol"], "http");
-    assert_eq!(decision["host"], "127.0.0.1");
-    assert_eq!(decision["method"], "GET");
-
-    // Denied, and not in the allowlist: 403 with codex's header and JSON body.
-    let (head, body) = via_proxy(&proxy, "http://denied.test/").await;
-    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("x-proxy-error: blocked-by-denylist"),
-        "{head}"
-    );
-    let body: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(body["reason"], "denied");
-    let (head, body) = via_proxy(&proxy, "http://other.test/").await;
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("x-proxy-error: blocked-by-allowlist"),
-        "{head}"
-    );
-    assert_eq!(
-        serde_json::from_str::<Value>(&body).unwrap()["reason"],
-        "not_allowed"
-    );
-    let denied = client.notification("network/policyDecision").await;
-    assert_eq!(
-        (denied["decision"].as_str(), denied["reason"].as_str()),
-        (Some("deny"), Some("denied"))
-    );
-
-    // The proxy is the process's: it closes when the process exits.
-    client
-        .call("process/terminate", json!({"processId": "p1"}))
-        .await;
-    let addr = proxy.trim_start_matches("http://").to_owned();
-    let mut closed = false;
-    for _ in 0..100 {
-        if TcpStream::connect(&addr).await.is_err() {
-            closed = true;
-            break;
+    for side in sides.all() {
+        let mut client = sides.client(side, &[]).await;
+        let config = proxy_config(
+            json!({"127.0.0.1": "allow", "denied.test": "deny"}),
+            false,
+            None,
+        );
+        client.call("process/start", start("p1", config)).await;
+        let env = child_env(&mut client, "p1").await;
+        let proxy = var(&env, "HTTP_PROXY").to_owned();
+        assert!(proxy.starts_with("http://127.0.0.1:"), "{proxy}");
+        for name in [
+            "HTTPS_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "WS_PROXY",
+            "PIP_PROXY",
+        ] {
+            assert_eq!(var(&env, name), proxy, "{name}");
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(var(&env, "NO_PROXY"), "");
+        assert_eq!(var(&env, "CODEX_NETWORK_PROXY_ACTIVE"), "1");
+        assert_eq!(var(&env, "CODEX_NETWORK_ALLOW_LOCAL_BINDING"), "0");
+
+        // Allowed exactly (a loopback literal must be): through, and reported.
+        let (head, body) = via_proxy(&proxy, &origin.url("/status/201")).await;
+        assert!(head.starts_with("HTTP/1.1 201"), "{head}");
+        assert_eq!(body, "status");
+        let decision = client.notification("network/policyDecision").await;
+        assert_eq!(decision["processId"], "p1");
+        assert_eq!(decision["decision"], "allow");
+        assert_eq!(decision["scope"], "domain");
+        assert_eq!(decision["protocol"], "http");
+        assert_eq!(decision["host"], "127.0.0.1");
+        assert_eq!(decision["method"], "GET");
+
+        // Denied, and not in the allowlist: 403 with codex's header and JSON body.
+        let (head, body) = via_proxy(&proxy, "http://denied.test/").await;
+        assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("x-proxy-error: blocked-by-denylist"),
+            "{head}"
+        );
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["reason"], "denied");
+        let (head, body) = via_proxy(&proxy, "http://other.test/").await;
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("x-proxy-error: blocked-by-allowlist"),
+            "{head}"
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["reason"],
+            "not_allowed"
+        );
+        let denied = client.notification("network/policyDecision").await;
+        assert_eq!(
+            (denied["decision"].as_str(), denied["reason"].as_str()),
+            (Some("deny"), Some("denied"))
+        );
+
+        // The proxy is the process's: it closes when the process exits.
+        client
+            .call("process/terminate", json!({"processId": "p1"}))
+            .await;
+        let addr = proxy.trim_start_matches("http://").to_owned();
+        let mut closed = false;
+        for _ in 0..100 {
+            if TcpStream::connect(&addr).await.is_err() {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(
+            closed,
+            "the proxy of an exited process still accepts connections"
+        );
     }
-    assert!(
-        closed,
-        "the proxy of an exited process still accepts connections"
-    );
 }
 
 #[tokio::test]
@@ -197,46 +202,48 @@ async fn next_request(client: &mut Client, method: &str) -> Value {
 
 #[tokio::test]
 async fn an_invalid_network_proxy_is_refused_with_codex_s_text() {
-    let server = WsServer::start(&[]).await;
-    let mut client = server.connect_initialized().await;
-    let mut disabled = proxy_config(json!({}), false, None);
-    disabled["proxy"]["enabled"] = json!(false);
-    let error = client
-        .call_err("process/start", start("p3", disabled))
-        .await;
-    assert_eq!(error["code"], -32602);
-    assert_eq!(
-        error["message"],
-        "invalid network proxy config: executor-local network proxy launch requires an enabled proxy"
-    );
-    let zero = proxy_config(json!({}), false, Some(0));
-    let error = client.call_err("process/start", start("p3", zero)).await;
-    assert_eq!(
-        error["message"],
-        "network policy decision callback timeout must be nonzero"
-    );
-    let bad_mode = {
-        let mut c = proxy_config(json!({}), false, None);
-        c["proxy"]["mode"] = json!("bogus");
-        c
-    };
-    let error = client
-        .call_err("process/start", start("p3", bad_mode))
-        .await;
-    assert_eq!(
-        error["message"],
-        "unknown variant `bogus`, expected `limited` or `full`"
-    );
-    // Nothing was left behind: the id is free.
-    client
-        .call(
-            "process/start",
-            start("p3", proxy_config(json!({}), false, None)),
-        )
-        .await;
-    client
-        .call("process/terminate", json!({"processId": "p3"}))
-        .await;
+    let sides = Sides::new("an_invalid_network_proxy_is_refused_with_codex_s_text");
+    for side in sides.all() {
+        let mut client = sides.client(side, &[]).await;
+        let mut disabled = proxy_config(json!({}), false, None);
+        disabled["proxy"]["enabled"] = json!(false);
+        let error = client
+            .call_err("process/start", start("p3", disabled))
+            .await;
+        assert_eq!(error["code"], -32602);
+        assert_eq!(
+            error["message"],
+            "invalid network proxy config: executor-local network proxy launch requires an enabled proxy"
+        );
+        let zero = proxy_config(json!({}), false, Some(0));
+        let error = client.call_err("process/start", start("p3", zero)).await;
+        assert_eq!(
+            error["message"],
+            "network policy decision callback timeout must be nonzero"
+        );
+        let bad_mode = {
+            let mut c = proxy_config(json!({}), false, None);
+            c["proxy"]["mode"] = json!("bogus");
+            c
+        };
+        let error = client
+            .call_err("process/start", start("p3", bad_mode))
+            .await;
+        assert_eq!(
+            error["message"],
+            "unknown variant `bogus`, expected `limited` or `full`"
+        );
+        // Nothing was left behind: the id is free.
+        client
+            .call(
+                "process/start",
+                start("p3", proxy_config(json!({}), false, None)),
+            )
+            .await;
+        client
+            .call("process/terminate", json!({"processId": "p3"}))
+            .await;
+    }
 }
 
 /// What a managed child tries, in Python so that each attempt is a plain system call: one
