@@ -218,6 +218,13 @@ fn mount_plan(plan: &Plan, namespace: MountNamespace) -> io::Result<()> {
         bind(path, path)?;
     }
     for path in &plan.read_only {
+        if is_link(path) {
+            // The link's own name first: `bind` below follows it to its target.
+            pin_link(path)?;
+            if std::fs::metadata(path).is_err() {
+                continue;
+            }
+        }
         bind(path, path)?;
         remount(path, true)?;
     }
@@ -239,6 +246,31 @@ fn mount_plan(plan: &Plan, namespace: MountNamespace) -> io::Result<()> {
             remount(path, true)?;
         }
     }
+    Ok(())
+}
+
+fn is_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// Pins a symbolic link itself: a bind of the link onto its own name, made with the new
+/// mount API, which does not follow a trailing link where `mount(2)` would. A mount point
+/// can be neither removed nor renamed, so a process cannot put a directory of its own in
+/// the link's place, and the link still points where it did.
+fn pin_link(path: &Path) -> io::Result<()> {
+    use rustix::fs::CWD;
+    use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
+    let flags = OpenTreeFlags::OPEN_TREE_CLONE
+        | OpenTreeFlags::OPEN_TREE_CLOEXEC
+        | OpenTreeFlags::AT_SYMLINK_NOFOLLOW;
+    let link = open_tree(CWD, path, flags)?;
+    move_mount(
+        &link,
+        "",
+        CWD,
+        path,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )?;
     Ok(())
 }
 

@@ -126,3 +126,69 @@ async fn renaming_a_directory_above_a_carve_out_is_refused() {
         std::fs::read_to_string(tree.t.join("allowed/repo/conf/app/settings.json")).unwrap();
     assert_eq!(settings, "{}", "{output}");
 }
+
+/// A carve-out that is a symbolic link: `.codex` pointing at a shared directory, `.git`
+/// pointing at a repository that is not there yet, and an explicit read-only entry that is
+/// a link into the writable root. Before, only what each link pointed at was protected:
+/// the process removed the link and put a directory of its own in its place, planting git
+/// hooks and agent configuration in the writable root. Now the link itself is pinned and
+/// its target is a carve-out too, existing or not.
+#[tokio::test]
+async fn a_carve_out_that_is_a_link_keeps_its_name_and_its_target() {
+    if !landlock_available() {
+        return;
+    }
+    let tree = Tree::new();
+    let allowed = tree.t.join("allowed");
+    std::fs::create_dir(tree.t.join("shared-codex")).unwrap();
+    std::os::unix::fs::symlink(tree.t.join("shared-codex"), allowed.join(".codex")).unwrap();
+    std::os::unix::fs::symlink("gitdir-missing", allowed.join(".git")).unwrap();
+    std::fs::create_dir(allowed.join("policies.d")).unwrap();
+    std::os::unix::fs::symlink("policies.d", allowed.join("policies")).unwrap();
+    let policy = managed(vec![
+        root_read(),
+        entry(&tree.path("allowed"), "write"),
+        entry(&tree.path("allowed/policies"), "read"),
+    ]);
+    let script = "rm -f .codex; mkdir .codex; echo 'mcp = evil' > .codex/config.toml; \
+         mv .codex moved; echo evil > .codex/config.toml; \
+         rm -f .git; mkdir -p .git/hooks; echo evil > .git/config; \
+         mkdir -p gitdir-missing/hooks; echo evil > gitdir-missing/config; \
+         rm -f policies; mkdir policies; echo 'trusted = true' > policies/allow.toml; \
+         echo evil > policies.d/allow.toml; \
+         echo ok > allowed-file; true";
+    let mut client = client().await;
+    let started = start_sandboxed(
+        &mut client,
+        "p",
+        serde_json::json!(["/bin/sh", "-c", script]),
+        &tree.path("allowed"),
+        &policy,
+    )
+    .await;
+    assert_eq!(started["sandboxType"], "linuxSeccomp");
+    let (output, _) = run_to_exit(&mut client, "p").await;
+    assert_eq!(
+        std::fs::read_to_string(allowed.join("allowed-file")).unwrap(),
+        "ok\n",
+        "{output}"
+    );
+    for (name, target) in [
+        (".codex", tree.t.join("shared-codex")),
+        (".git", "gitdir-missing".into()),
+        ("policies", "policies.d".into()),
+    ] {
+        assert_eq!(
+            std::fs::read_link(allowed.join(name)).ok(),
+            Some(target),
+            "{name} was replaced: {output}"
+        );
+    }
+    assert!(std::fs::read_dir(tree.t.join("shared-codex"))
+        .unwrap()
+        .next()
+        .is_none());
+    assert!(!allowed.join("gitdir-missing/config").exists(), "{output}");
+    assert!(!allowed.join("policies.d/allow.toml").exists(), "{output}");
+    assert!(!allowed.join("moved").exists(), "{output}");
+}

@@ -21,7 +21,13 @@ pub(crate) fn computed_carve_outs(writable: &[PathBuf]) -> Vec<PathBuf> {
     let mut carve_outs = Vec::new();
     for root in writable.iter().filter(|w| w.parent().is_some()) {
         for name in PROTECTED_NAMES {
-            carve_outs.push(root.join(name));
+            let path = root.join(name);
+            // A link is a carve-out as a name (pinned by narrowing) and as what it points
+            // at, which may not exist yet either.
+            if is_link(&path) {
+                carve_outs.push(canonicalise(&path));
+            }
+            carve_outs.push(path);
         }
         let dot_git = root.join(".git");
         if let Some(target) = git_dir_elsewhere(root, &dot_git) {
@@ -31,6 +37,10 @@ pub(crate) fn computed_carve_outs(writable: &[PathBuf]) -> Vec<PathBuf> {
     // An explicit write grant on the carve-out or below it re-opens it.
     carve_outs.retain(|carve_out| !writable.iter().any(|w| w.starts_with(carve_out)));
     carve_outs
+}
+
+fn is_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 /// Where the repository data of `root/.git` lives when it is not `root/.git` itself: the

@@ -108,6 +108,13 @@ impl Expansion {
             match &grant.target {
                 GrantTarget::Path(value) => {
                     let path = parse_member(value, PathMember::Permission, self.request)?;
+                    if access == Access::Read {
+                        // A read-only link is kept as a name too (narrowing pins it), or a
+                        // process in a writable parent could put its own entry there.
+                        if let Some(link) = link_itself(&path) {
+                            out.push(link, access);
+                        }
+                    }
                     out.push(canonicalise(&path), access);
                 }
                 GrantTarget::Glob(pattern) => out.globs.push(self.glob(pattern)?),
@@ -236,6 +243,15 @@ impl Expanded {
 }
 
 /// The existing members of the `minimal` set, canonical.
+/// `path` itself, its parent canonical and its name kept, when it is a symbolic link.
+fn link_itself(path: &Path) -> Option<PathBuf> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.file_type().is_symlink() {
+        return None;
+    }
+    Some(canonicalise(path.parent()?).join(path.file_name()?))
+}
+
 pub(crate) fn existing_minimal_paths() -> Vec<PathBuf> {
     MINIMAL_READ_SET
         .iter()
