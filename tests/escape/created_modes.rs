@@ -727,3 +727,124 @@ async fn copies_of_another_users_set_id_programs_never_become_roots() {
         }
     }
 }
+
+/// `system.posix_acl_access`: `u::rw-, u:<reader>:r--, g::---, m::r--, o::---`, as the kernel
+/// stores it (version 2, then tag, permissions and id of each entry). The mode shows
+/// `0640`: its group bits are the mask, and the owning group may read nothing.
+fn acl_denying_the_owning_group(reader: u32) -> Vec<u8> {
+    let mut bytes = 2u32.to_le_bytes().to_vec();
+    let undefined = u32::MAX;
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, undefined),
+        (0x02, 4, reader),
+        (0x04, 0, undefined),
+        (0x10, 4, undefined),
+        (0x20, 0, undefined),
+    ] {
+        bytes.extend(tag.to_le_bytes());
+        bytes.extend(perm.to_le_bytes());
+        bytes.extend(id.to_le_bytes());
+    }
+    bytes
+}
+
+const ACCESS_ACL: &str = "system.posix_acl_access";
+
+/// Sets `acl` on `path`; false where the file system keeps no ACLs.
+fn set_acl(path: &Path, acl: &[u8]) -> bool {
+    let path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = CString::new(ACCESS_ACL).unwrap();
+    // SAFETY: both strings are NUL-terminated and `acl` is valid for its length.
+    let set = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            acl.as_ptr().cast(),
+            acl.len(),
+            0,
+        )
+    };
+    if set != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return false;
+    }
+    assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
+    true
+}
+
+/// The access ACL of `path`, if it has one.
+fn acl_of(path: &Path) -> Option<Vec<u8>> {
+    let path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = CString::new(ACCESS_ACL).unwrap();
+    let mut value = vec![0u8; 4096];
+    // SAFETY: both strings are NUL-terminated and `value` is valid for its length.
+    let len = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    let len = usize::try_from(len).ok()?;
+    value.truncate(len);
+    Some(value)
+}
+
+/// A file whose ACL denies its owning group what its mode's group bits (the mask) show:
+/// a new version (`replace`) keeps the whole ACL, and a copy (which takes no ACL, as `cp`)
+/// gives the owning group its own bits, not the mask. Made only from the mode, the owning
+/// group could read both.
+#[tokio::test]
+async fn what_an_acl_denied_the_owning_group_stays_denied() {
+    let (_dir, path) = shared_dir(&secret());
+    let target = path.join("source");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let acl = acl_denying_the_owning_group(NOBODY);
+    if !set_acl(&target, &acl) {
+        eprintln!("SKIP: this file system keeps no ACLs");
+        return;
+    }
+    assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, 0o640);
+    let mut client = server(None).await;
+    replace(&mut client, "acl", &target, "new version").await;
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "new version");
+    assert_eq!(acl_of(&target), Some(acl), "the new version lost its ACL");
+    let mut copies = vec![("copy", None)];
+    let policy = landlock_available().then(|| helper_policy(&path));
+    if let Some(policy) = &policy {
+        copies.push(("helper-copy", Some(policy)));
+    }
+    for (name, sandbox) in copies {
+        let to = path.join(name);
+        copy(&mut client, &target, &to, sandbox).await.unwrap();
+        let mode = std::fs::metadata(&to).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}: the owning group got the ACL's mask");
+    }
+}
+
+/// A root server replacing another user's set-group-id file gives the new version to that
+/// user while the client writes it: that user could write their own content into it, and
+/// it must not then get the set-id bits they could never have set themselves.
+#[tokio::test]
+async fn a_new_version_another_user_could_write_gets_no_set_id_bits() {
+    if !is_root() {
+        eprintln!("SKIP: needs root to own files as another user");
+        return;
+    }
+    let (_dir, path) = shared_dir(&secret());
+    let tool = path.join("tool");
+    std::fs::write(&tool, "#!/bin/sh\necho tool\n").unwrap();
+    std::os::unix::fs::chown(&tool, Some(NOBODY), Some(0)).unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o2755)).unwrap();
+    let mut client = server(None).await;
+    replace(&mut client, "sgid", &tool, "#!/bin/sh\necho tool v2\n").await;
+    let meta = std::fs::metadata(&tool).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (NOBODY, 0));
+    assert_eq!(meta.mode() & 0o7777, 0o755, "set-group-id kept");
+    // The server's own file keeps its bits: nobody else could write it.
+    let own = path.join("own-tool");
+    std::fs::write(&own, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o2755)).unwrap();
+    replace(&mut client, "own", &own, "#!/bin/sh\necho v2\n").await;
+    assert_eq!(std::fs::metadata(&own).unwrap().mode() & 0o7777, 0o2755);
+}

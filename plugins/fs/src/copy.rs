@@ -179,7 +179,8 @@ fn copy_file(source: &Path, destination: &Path, deadline: &Deadline) -> Result<C
     }
     let mut options = OpenOptions::new();
     // Born no wider than the source, never `0666 & ~umask` first (SECURITY.md).
-    let mode = created_modes::copy_creation_mode(from_meta.mode());
+    let source_mode = crate::acl::copy_mode(&from, from_meta.mode()).or_rpc()?;
+    let mode = created_modes::copy_creation_mode(source_mode);
     options.write(true).create(true).mode(mode.bits());
     let to = nonblocking::open(destination, &mut options, true).or_rpc()?;
     copy_opened(from, to, deadline)?;

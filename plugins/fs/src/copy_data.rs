@@ -32,14 +32,17 @@ pub(crate) fn copy_opened(
         return copy_into_stream(&mut from, &to, &deadline.for_peer_in_slot());
     }
     nonblocking::make_blocking(&to).or_rpc()?;
+    // The source's mode, its group bits the owning group's own where an ACL made them a
+    // mask: the copy takes no ACL.
+    let source_mode = crate::acl::copy_mode(&from, from_meta.mode()).or_rpc()?;
     if to_meta.is_file() {
-        created_modes::narrow_before_copy(&to, to_meta.mode(), from_meta.mode()).or_rpc()?;
+        created_modes::narrow_before_copy(&to, to_meta.mode(), source_mode).or_rpc()?;
         to.set_len(0).or_rpc()?;
     }
     io::copy(&mut from, &mut to).or_rpc()?;
     if to_meta.is_file() {
         let source = created_modes::Owner {
-            mode: from_meta.mode(),
+            mode: source_mode,
             uid: from_meta.uid(),
             gid: from_meta.gid(),
         };

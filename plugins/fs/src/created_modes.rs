@@ -13,6 +13,8 @@ use std::io;
 
 use rustix::fs::{Gid, Mode, Uid};
 
+use crate::acl::Acl;
+
 /// Read, write and execute for owner, group and others: no set-id or sticky bits.
 const PERMISSION_BITS: u32 = 0o777;
 /// The owner's read, write and execute bits.
@@ -95,19 +97,27 @@ pub(crate) fn replacement_creation_mode(existing_mode: Option<u32>) -> Mode {
 
 /// Makes `file` (created with [`replacement_creation_mode`]) take the existing file's
 /// owner, where this process may give it away (otherwise it stays the server's user's),
-/// and then its permission bits. The set-id bits are for [`restore_set_id`], once the
-/// content is written.
+/// and then its permissions: its access ACL (`acl`) where it has one and the owner and
+/// group were taken, else its permission bits, the group's narrowed to the owning group's
+/// own where an ACL made them a mask ([`acl`](crate::acl)). The set-id bits are for
+/// [`restore_set_id`], once the content is written.
 /// A new version that could not be given the existing group (an unprivileged server)
 /// loses the group's bits: they were meant for another group.
-pub(crate) fn adopt(file: &File, existing: Owner) -> io::Result<()> {
+pub(crate) fn adopt(file: &File, existing: Owner, acl: Option<&Acl>) -> io::Result<()> {
     // Only a privileged server may give the file to someone else.
     let _ = rustix::fs::fchown(
         file,
         Some(Uid::from_raw(existing.uid)),
         Some(Gid::from_raw(existing.gid)),
     );
-    let mut mode = existing.mode & PERMISSION_BITS;
-    if rustix::fs::fstat(file)?.st_gid != existing.gid {
+    let stat = rustix::fs::fstat(file)?;
+    let same_owner = (stat.st_uid, stat.st_gid) == (existing.uid, existing.gid);
+    if let (Some(acl), true) = (acl, same_owner) {
+        // One call sets the owner's, the group's and the others' bits and the mask.
+        return acl.apply(file);
+    }
+    let mut mode = crate::acl::mode_without_mask(acl, existing.mode) & PERMISSION_BITS;
+    if stat.st_gid != existing.gid {
         mode &= !GROUP_BITS;
     }
     rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from)
@@ -115,17 +125,31 @@ pub(crate) fn adopt(file: &File, existing: Owner) -> io::Result<()> {
 
 /// Adds the set-id and sticky bits of `existing.mode` to `file` (adopted with [`adopt`])
 /// once its content is final, each set-id bit only where `file` did get the existing
-/// owner or group; nothing to do when the mode has none.
+/// owner or group, and only where nobody but the server could have written the new
+/// version meanwhile: it belongs to the server's user and neither its group nor others
+/// may write it. A new version that another user could write while the client wrote it
+/// could carry their content under set-id bits they could never have set themselves; it
+/// loses them instead. Nothing to do when the mode has none.
 pub(crate) fn restore_set_id(file: &File, existing: Owner) -> io::Result<()> {
     if existing.mode & MODE_BITS & !PERMISSION_BITS == 0 {
         return Ok(());
     }
     let mut mode = owned_bits(file, existing)?;
-    let current = rustix::fs::fstat(file)?.st_mode & PERMISSION_BITS;
+    let stat = rustix::fs::fstat(file)?;
+    let current = stat.st_mode & PERMISSION_BITS;
     // Keep what `adopt` took away from the group's bits.
     mode = (mode & !PERMISSION_BITS) | current;
+    let writable_by_others = stat.st_uid != rustix::process::geteuid().as_raw()
+        || current & (GROUP_WRITE | OTHER_WRITE) != 0;
+    if writable_by_others {
+        mode &= !(SET_USER_ID | SET_GROUP_ID);
+    }
     rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from)
 }
+
+/// `S_IWGRP`, `S_IWOTH`.
+const GROUP_WRITE: u32 = 0o020;
+const OTHER_WRITE: u32 = 0o002;
 
 #[cfg(test)]
 mod tests {
@@ -181,7 +205,7 @@ mod tests {
             uid,
             gid,
         };
-        adopt(&file, existing).unwrap();
+        adopt(&file, existing, None).unwrap();
         assert_eq!(mode_of(&file), 0o750);
         restore_set_id(&file, existing).unwrap();
         assert_eq!(mode_of(&file), 0o4750);

@@ -33,6 +33,7 @@
 //! `sandbox`, and only then touches the file system, in its session's share of the
 //! worker threads or of the fs helpers.
 
+mod acl;
 mod ambiguous_names;
 mod answer_room;
 mod blocking;

@@ -24,6 +24,7 @@ use exec_server_core::proto::RpcError;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
+use crate::acl::{self, Acl};
 use crate::blocking::IoResultExt;
 use crate::created_modes;
 use crate::paths::native;
@@ -85,8 +86,9 @@ impl ReplaceFile {
             }),
             committed: RwLock::new(false),
         };
-        if let Some(existing) = file.existing {
-            created_modes::adopt(&file.temp, existing).or_rpc()?;
+        if let (Some(existing), Some(stat)) = (file.existing, existing) {
+            let acl = target_acl(&file.dir, &file.target_name, &stat).or_rpc()?;
+            created_modes::adopt(&file.temp, existing, acl.as_ref()).or_rpc()?;
         }
         Ok(file)
     }
@@ -150,6 +152,20 @@ struct Target {
     name: OsString,
     /// The regular file there now, if any.
     existing: Option<Stat>,
+}
+
+/// The access ACL of the file `name` in `dir`, checked to be the file `stat` describes
+/// (a file swapped in since is refused, not copied from).
+fn target_acl(dir: &OwnedFd, name: &OsStr, stat: &Stat) -> io::Result<Option<Acl>> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let target = rustix::fs::openat(dir, name, flags, Mode::empty())?;
+    let now = rustix::fs::fstat(&target)?;
+    if (now.st_dev, now.st_ino) != (stat.st_dev, stat.st_ino) {
+        return Err(io::Error::other(
+            "the file changed while it was being opened",
+        ));
+    }
+    acl::of_target(&target)
 }
 
 /// Resolves `path` to the directory and name the kernel would open, following links in

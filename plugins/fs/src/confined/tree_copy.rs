@@ -64,7 +64,8 @@ pub(crate) fn copy(
             if !source.is_file() {
                 return Err(RpcError::copy_unsupported_type());
             }
-            let to = create_file(&destination, source.mode())?;
+            let mode = crate::acl::copy_mode(&from, source.mode()).or_rpc()?;
+            let to = create_file(&destination, mode)?;
             copy_opened(from, to, &Deadline::in_fs_helper(COPY))
         }
         EntryKind::Other => Err(RpcError::copy_unsupported_type()),
@@ -186,9 +187,10 @@ fn copy_tree(
                 // Swapped for a special file since it was listed: skipped like one.
                 let source = from.metadata().or_rpc()?;
                 if source.is_file() {
+                    let mode = crate::acl::copy_mode(&from, source.mode()).or_rpc()?;
                     copy_opened(
                         from,
-                        create_file(&target, source.mode())?,
+                        create_file(&target, mode)?,
                         &Deadline::in_fs_helper(COPY),
                     )?;
                 }
