@@ -7,6 +7,7 @@
 //!   count, depth, duplicate keys).
 //! * [`error`] — [`RpcError`] and one constructor per error message the spec names.
 //! * [`start_errors`] — the `data.kind` of a failed `process/start` (codex 0.171.0).
+//! * [`log_text`] — peer text quoted in logs and errors, unable to forge a line.
 //! * [`path`] — `file:` URIs and native absolute paths, in both directions.
 //! * [`initialize`], [`process`], [`fs`], [`environment`] — params and results of every
 //!   method, camelCase on the wire.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod fs;
 pub mod initialize;
 pub mod jsonrpc;
+pub mod log_text;
 pub mod path;
 pub mod process;
 pub mod start_errors;

@@ -181,23 +181,38 @@ pub struct PolicyOutcome {
 }
 
 /// Logs each ignored deny kind once per instance (§2.4.5 asks for once per connection; a
-/// connection keeps one of these).
+/// connection keeps one of these). The kinds are the client's text: each is quoted so that
+/// it cannot forge a log line, and an instance remembers at most [`MAX_REMEMBERED_KINDS`]
+/// of them; past that it says once that it logs no more.
 #[derive(Debug, Default)]
 pub struct IgnoredKindLog {
     logged: Mutex<HashSet<String>>,
 }
 
+/// The most ignored kinds one [`IgnoredKindLog`] remembers (and logs).
+pub const MAX_REMEMBERED_KINDS: usize = 64;
+
 impl IgnoredKindLog {
     /// Logs the kinds not logged before by this instance; returns those it logged.
     pub fn report(&self, kinds: &[String]) -> Vec<String> {
         let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
-        let fresh: Vec<String> = kinds
-            .iter()
-            .filter(|kind| logged.insert((*kind).clone()))
-            .cloned()
-            .collect();
-        for kind in &fresh {
-            tracing::warn!("sandbox deny entry with unsupported special path kind {kind} ignored");
+        let mut fresh = Vec::new();
+        for kind in kinds {
+            if logged.len() >= MAX_REMEMBERED_KINDS {
+                break;
+            }
+            if logged.insert(kind.clone()) {
+                fresh.push(kind.clone());
+                let kind = exec_server_proto::log_text::quoted(kind);
+                tracing::warn!(
+                    "sandbox deny entry with unsupported special path kind \"{kind}\" ignored"
+                );
+                if logged.len() == MAX_REMEMBERED_KINDS {
+                    tracing::warn!(
+                        "further unsupported special path kinds are ignored without a log line"
+                    );
+                }
+            }
         }
         fresh
     }

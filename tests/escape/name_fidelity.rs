@@ -251,6 +251,48 @@ async fn client_names_cannot_forge_log_lines() {
     assert!(forged_lines.is_empty(), "{forged_lines:?}");
 }
 
+/// Sandbox deny entries of special kinds the server does not know are logged once per
+/// connection: the kind is the client's text, so it is quoted (no forged line), cut short,
+/// and a connection's log remembers a bounded number of kinds (no unbounded memory, no
+/// log flood), however many a client sends.
+#[tokio::test]
+async fn ignored_sandbox_kinds_are_quoted_and_bounded() {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut command = server_command(&["--listen", "stdio"]);
+    command.stderr(Stdio::from(log.reopen().unwrap()));
+    let mut client = Client::stdio_with(command);
+    client.handshake().await;
+    let forged = "FORGED ERROR the server was compromised";
+    let kind = |i: usize| format!("k{i}\n{forged}{}", "x".repeat(4096));
+    for round in 0..3 {
+        let mut entries = vec![root_read()];
+        entries.extend((0..100).map(|i| {
+            json!({"path": {"type": "special", "value": {"kind": kind(round * 100 + i)}},
+                   "access": "deny"})
+        }));
+        let params = json!({"path": "file:///", "sandbox": managed(entries)});
+        let _ = client.request("fs/getMetadata", params).await;
+    }
+    client.close().await;
+    client.child().wait().await.unwrap();
+    let written = std::fs::read_to_string(log.path()).unwrap();
+    let logged: Vec<&str> = written
+        .lines()
+        .filter(|line| line.contains("unsupported special path kind \""))
+        .collect();
+    assert!(!logged.is_empty(), "nothing logged: {written}");
+    assert!(logged.len() <= 64, "{} lines logged", logged.len());
+    assert!(
+        logged.iter().all(|line| line.len() < 1024),
+        "a kind was logged whole"
+    );
+    let forged_lines: Vec<&str> = written
+        .lines()
+        .filter(|line| line.starts_with("FORGED"))
+        .collect();
+    assert!(forged_lines.is_empty(), "{forged_lines:?}");
+}
+
 /// `process/start` with a working directory spelled like a name that is not UTF-8 is
 /// refused, not started in the other directory.
 #[tokio::test]

@@ -314,11 +314,7 @@ pub fn kind(frame: &RelayMessageFrame) -> &'static str {
 /// Peer-supplied text quoted in logs and errors: at most 256 bytes of it (§2.5), with
 /// newlines, control characters and quotes escaped so that it cannot forge a log line.
 pub fn truncate_for_log(text: &str) -> String {
-    let mut end = text.len().min(256);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].escape_debug().to_string()
+    exec_server_proto::log_text::quoted(text)
 }
 
 #[cfg(test)]

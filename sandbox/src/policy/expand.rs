@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
 use exec_server_proto::error::SandboxRequest;
+use exec_server_proto::log_text;
 use exec_server_proto::path::{parse_path, PathError};
 use exec_server_proto::{RpcError, StartErrorKind};
 
@@ -13,7 +14,7 @@ use super::glob::{self, GlobPattern};
 use super::intent::{Grant, GrantTarget};
 use super::resolve::canonicalise;
 use super::shape::{Access, Special};
-use super::MINIMAL_READ_SET;
+use super::{MAX_REMEMBERED_KINDS, MINIMAL_READ_SET};
 
 /// A concrete, canonical path with its access.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,8 +173,15 @@ impl Expansion {
                 }
             }
             unknown => {
-                if access == Access::Deny && !out.ignored_deny_kinds.iter().any(|k| k == unknown) {
-                    out.ignored_deny_kinds.push(unknown.to_owned());
+                let kinds = &mut out.ignored_deny_kinds;
+                // Bounded: a policy of many (or long) unknown kinds costs no more to
+                // scan, keep or log.
+                let unknown = log_text::truncated(unknown);
+                if access == Access::Deny
+                    && kinds.len() < MAX_REMEMBERED_KINDS
+                    && !kinds.iter().any(|k| k == unknown)
+                {
+                    kinds.push(unknown.to_owned());
                 }
             }
         }

@@ -1,0 +1,36 @@
+//! Text from a peer (a client, a sandboxed process, a rendezvous tenant) quoted in a log
+//! line or an error message.
+
+/// The most bytes of peer text one log line quotes.
+pub const MAX_QUOTED_BYTES: usize = 256;
+
+/// `text` as a log line may quote it: at most [`MAX_QUOTED_BYTES`] of it, with newlines,
+/// control characters and quotes escaped so that it cannot forge a line of its own.
+pub fn quoted(text: &str) -> String {
+    truncated(text).escape_debug().to_string()
+}
+
+/// The first [`MAX_QUOTED_BYTES`] of `text` (less, to end on a character): what is worth
+/// keeping of peer text that is only ever logged.
+pub fn truncated(text: &str) -> &str {
+    let mut end = text.len().min(MAX_QUOTED_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quote_is_one_short_line() {
+        let forged = "x\n2026-01-01T00:00:00Z  INFO forged\r\u{1b}[2J\"";
+        let quoted = quoted(forged);
+        assert!(!quoted.chars().any(char::is_control), "{quoted}");
+        assert!(quoted.starts_with("x\\n2026"));
+        let long = "é".repeat(MAX_QUOTED_BYTES);
+        assert_eq!(super::quoted(&long).len(), MAX_QUOTED_BYTES);
+    }
+}
