@@ -201,6 +201,37 @@ async fn size_limits_leave_files_out_with_a_warning() {
     );
 }
 
+/// `capabilities.max_total_bytes` is the budget of the whole answer, not of each root: a
+/// request naming the same large tree many times gets no more than the budget (the old
+/// code read the budget again for every root).
+#[tokio::test]
+async fn the_size_budget_covers_every_root_of_a_request() {
+    let tree = Tree::new();
+    for i in 0..3 {
+        tree.write(&format!("root/skills/s{i}/SKILL.md"), &"y".repeat(600_000));
+    }
+    let config = config_file("[capabilities]\nmax_total_bytes = 1048576\n");
+    let mut client = Client::stdio(&["--config", config.to_str().unwrap()]).await;
+    client.handshake().await;
+    let roots: Vec<Value> = (0..8)
+        .map(|i| json!({"id": i.to_string(), "path": tree.uri("root")}))
+        .collect();
+    let result = client
+        .call("capabilityRoots/discoverV1", json!({"roots": roots}))
+        .await;
+    let roots = result["roots"].as_array().unwrap();
+    let contents: usize = roots
+        .iter()
+        .flat_map(|root| root["skills"].as_array().unwrap())
+        .map(|skill| skill["instructions"]["contents"].as_str().unwrap().len())
+        .sum();
+    assert_eq!(contents, 600_000, "one skill fits the budget, and only one");
+    assert!(roots.iter().all(|root| root["warnings"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("capability discovery size limit reached"))));
+}
+
 /// Each root is read under its own sandbox, by the fs helper: what the policy denies is
 /// never returned, and a root it does not let us read fails alone.
 #[tokio::test]

@@ -69,4 +69,4 @@ pub use server::{
     ConfiguredTransport, Listener, ListenerFailed, ListenerKind, RunError, ServerContext,
 };
 pub use session::Session;
-pub use worker_threads::WorkerThreads;
+pub use worker_threads::{SlottedThreads, WorkerThreads};

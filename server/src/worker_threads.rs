@@ -106,6 +106,41 @@ impl WorkerThreads {
     }
 }
 
+/// Blocking work in a bounded, fair share of worker threads: at most `per_session` jobs
+/// of one session and `total` of all run at once, further ones wait round-robin by
+/// session. For plugins whose handlers read the host's files (discovery, configuration)
+/// and must not each take a thread of the runtime's unbounded blocking pool.
+#[derive(Debug)]
+pub struct SlottedThreads {
+    slots: crate::FairSlots,
+    threads: WorkerThreads,
+}
+
+impl SlottedThreads {
+    /// `name` names the slot pool (in errors and metrics) and the threads.
+    pub fn new(name: &'static str, total: usize, per_session: usize) -> Self {
+        Self {
+            slots: crate::FairSlots::new(name, total, per_session),
+            threads: WorkerThreads::new(name),
+        }
+    }
+
+    /// Runs `work` for `session` once a slot is free; `None` when it panicked. Dropping
+    /// the future gives up the wait; once `work` runs it runs to its end in its slot.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        session: &str,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let permit = self.slots.acquire(session).await;
+        let (result_tx, result) = tokio::sync::oneshot::channel();
+        self.threads.spawn(permit, move || {
+            let _ = result_tx.send(work());
+        });
+        result.await.ok()
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update is complete before the lock is released.
@@ -179,5 +214,37 @@ mod tests {
         workers.spawn(permit, move || tx.send(7).unwrap());
         assert_eq!(rx.await, Ok(7));
         assert_eq!(workers.threads(), 1);
+    }
+
+    /// One session's jobs run one at a time (its share), while another session's job
+    /// runs beside them; a panic comes back as `None`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slotted_threads_keep_each_session_to_its_share() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let pool = Arc::new(SlottedThreads::new("test-slotted", 2, 1));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let mut jobs = Vec::new();
+        for _ in 0..8 {
+            let (pool, running, most) = (pool.clone(), running.clone(), most.clone());
+            jobs.push(tokio::spawn(async move {
+                pool.run("greedy", move || {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+            }));
+        }
+        // The other session is served while the greedy one still has jobs queued.
+        assert_eq!(pool.run("other", || 7).await, Some(7));
+        assert!(jobs.iter().any(|job| !job.is_finished()));
+        for job in jobs {
+            assert_eq!(job.await.unwrap(), Some(()));
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.run("other", || panic!("a bug")).await, None::<()>);
     }
 }

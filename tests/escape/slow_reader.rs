@@ -59,6 +59,16 @@ async fn stalled_asking(
     path: &str,
     count: usize,
 ) -> (Client, String) {
+    stalled_sending(server, method, json!({"path": path}), count).await
+}
+
+/// [`stalled_reader`] sending `count` requests of `method` with `params`.
+async fn stalled_sending(
+    server: &WsServer,
+    method: &str,
+    params: serde_json::Value,
+    count: usize,
+) -> (Client, String) {
     let addr = server.url.trim_start_matches("ws://").trim_end_matches('/');
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut client = Client::websocket_over(stream, &server.url, None)
@@ -66,7 +76,7 @@ async fn stalled_asking(
         .expect("websocket upgrade");
     let session = client.handshake().await;
     for _ in 0..count {
-        let send = client.send_request(method, json!({"path": path}));
+        let send = client.send_request(method, params.clone());
         tokio::time::timeout(STEP_TIMEOUT, send)
             .await
             .expect("the server reads requests");
@@ -196,6 +206,46 @@ async fn a_client_that_stops_reading_listings_is_held_to_the_outbound_budget() {
     others_are_served(&server, &file).await;
     eprintln!(
         "baseline {} MiB, peak {} MiB while a client did not read its listings",
+        baseline / 1024,
+        peak / 1024
+    );
+    server.child.kill().await.unwrap();
+}
+
+/// The same with capability discovery: 16 `capabilityRoots/discoverV1` of 16 roots each,
+/// every root a tree of 8 skills of 900 KB, with a 4 MiB answer budget. Each answer is at
+/// most its budget and reserved before anything is read: the old code read the budget
+/// again for every root and reserved nothing (about 1 GiB held here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_discoveries_is_held_to_the_outbound_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..8 {
+        let skill = dir.path().join(format!("skills/s{i}/SKILL.md"));
+        std::fs::create_dir_all(skill.parent().unwrap()).unwrap();
+        std::fs::write(&skill, "z".repeat(900_000)).unwrap();
+    }
+    let root = exec_server_proto::path::to_file_uri(dir.path());
+    let (_file_dir, file) = large_file();
+    let config = config_file("[capabilities]\nmax_total_bytes = 4194304\n");
+    let mut server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
+    let pid = server.child.id().unwrap();
+    others_are_served(&server, &file).await;
+    let baseline = rss_kib(pid);
+
+    let roots: Vec<_> = (0..16)
+        .map(|i| json!({"id": i.to_string(), "path": root}))
+        .collect();
+    let (_stalled, _session) = stalled_sending(
+        &server,
+        "capabilityRoots/discoverV1",
+        json!({"roots": roots}),
+        16,
+    )
+    .await;
+    let peak = peak_while_stalled(pid, baseline).await;
+    others_are_served(&server, &file).await;
+    eprintln!(
+        "baseline {} MiB, peak {} MiB while a client did not read its discoveries",
         baseline / 1024,
         peak / 1024
     );

@@ -15,7 +15,7 @@ use exec_server_core::Call;
 use exec_server_sandbox::policy::SandboxDecision;
 
 use crate::frontmatter;
-use crate::scan::{skill_files, Reader};
+use crate::scan::{skill_files, AnswerBudget, Reader, BUDGET_SLACK};
 use crate::source::{Kind, Listing, Source};
 use crate::wire::{
     DiscoverV2Params, DiscoverV2Result, DiscoveryRoot, ExecutorPlugin, ExecutorSkill,
@@ -30,7 +30,10 @@ pub(crate) async fn handle(
 ) -> Result<DiscoverV2Result, RpcError> {
     parse_path(&params.cwd).map_err(|e| e.into_rpc(&params.cwd))?;
     let source = match discovery.sandbox.decide_fs(params.sandbox.as_ref(), None)? {
-        SandboxDecision::Unsandboxed => Source::Direct,
+        SandboxDecision::Unsandboxed => Source::Direct {
+            threads: &discovery.threads,
+            session: cx.session().id(),
+        },
         SandboxDecision::Enforce(policy) => {
             discovery.sandbox.end_helpers_with(cx.session());
             Source::Confined {
@@ -40,7 +43,18 @@ pub(crate) async fn handle(
             }
         }
     };
-    let mut reader = Reader::new(&source, &discovery.config);
+    // File contents and warnings within the budget; the names and paths of plugins and
+    // skills come from listings, each of which keeps at most as many bytes of paths.
+    let answer = discovery.config.max_total_bytes.saturating_mul(2);
+    let answer = usize::try_from(answer).unwrap_or(usize::MAX);
+    if !cx
+        .reserve_response_bytes(answer.saturating_add(BUDGET_SLACK))
+        .await
+    {
+        return Err(RpcError::internal("the connection closed"));
+    }
+    let budget = AnswerBudget::new(&discovery.config);
+    let mut reader = Reader::new(&source, &discovery.config, &budget);
     let mut result = DiscoverV2Result::default();
     let home = std::env::var_os("HOME")
         .filter(|h| !h.is_empty())

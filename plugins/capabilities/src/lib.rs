@@ -20,7 +20,9 @@ mod wire;
 use std::sync::Arc;
 
 use exec_server_core::proto::environment::capability;
-use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
+use exec_server_core::{
+    checked_section, Install, InstallError, MethodDecl, Plugin, SlottedThreads,
+};
 use exec_server_sandbox::SandboxRuntime;
 
 pub use config::CapabilitiesConfig;
@@ -39,15 +41,23 @@ exec_server_core::inventory::submit! {
     }
 }
 
-/// The plugin's state: its limits and the sandbox that confines sandboxed discoveries.
+/// The plugin's state: its limits, the threads unsandboxed discoveries read on, and the
+/// sandbox that confines sandboxed ones.
 pub(crate) struct Discovery {
     pub(crate) config: CapabilitiesConfig,
+    pub(crate) threads: SlottedThreads,
     pub(crate) sandbox: std::sync::Arc<SandboxRuntime>,
 }
+
+/// Unsandboxed discovery reads of all sessions at once, and of one session: a client that
+/// asks for many trees waits for its own share, and holds no more threads.
+const THREADS_TOTAL: usize = 4;
+const THREADS_PER_SESSION: usize = 1;
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let discovery = Arc::new(Discovery {
         config: install.checked_config()?,
+        threads: SlottedThreads::new("capabilities", THREADS_TOTAL, THREADS_PER_SESSION),
         sandbox: SandboxRuntime::shared(install)?,
     });
     // V1 applies each root's `sandbox` (through the fs helper, or refusing the root).

@@ -11,7 +11,9 @@ use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 use exec_server_sandbox::policy::SandboxDecision;
 
-use crate::scan::{manifests, skill_files, skill_metadata_path, Reader};
+use crate::scan::{
+    json_len, manifests, skill_files, skill_metadata_path, AnswerBudget, Reader, BUDGET_SLACK,
+};
 use crate::source::{Kind, Source};
 use crate::wire::{
     path_unscannable, root_not_a_directory, root_uninspectable, DiscoverV1Params, DiscoverV1Result,
@@ -43,19 +45,45 @@ pub(crate) async fn handle(
     {
         discovery.sandbox.end_helpers_with(cx.session());
     }
+    // The answer: what the roots read (the budget), and each root's id and path again
+    // (the path twice where the root's error names it).
+    let echoed: u64 = prepared
+        .iter()
+        .map(|(id, path, _)| json_len(id) + 2 * json_len(&to_file_uri(path)) + ROOT_OVERHEAD)
+        .sum();
+    let answer = discovery.config.max_total_bytes.saturating_add(echoed);
+    let answer = usize::try_from(answer).unwrap_or(usize::MAX);
+    if !cx
+        .reserve_response_bytes(answer.saturating_add(BUDGET_SLACK))
+        .await
+    {
+        return Err(RpcError::internal("the connection closed"));
+    }
+    let budget = AnswerBudget::new(&discovery.config);
     let mut roots = Vec::new();
     for (id, path, decision) in prepared {
-        roots.push(discover_root(&discovery, cx.session().id(), id, path, decision).await);
+        let root = Root { id, path, decision };
+        roots.push(discover_root(&discovery, cx.session().id(), &budget, root).await);
     }
     Ok(DiscoverV1Result { roots })
+}
+
+/// JSON of one root's answer besides its id, path and files (keys, brackets, `null`s, the
+/// text of an error around the path).
+const ROOT_OVERHEAD: u64 = 256;
+
+/// One requested root, checked.
+struct Root {
+    id: String,
+    path: PathBuf,
+    decision: SandboxDecision,
 }
 
 async fn discover_root(
     discovery: &Discovery,
     session: &str,
-    id: String,
-    path: PathBuf,
-    decision: SandboxDecision,
+    budget: &AnswerBudget,
+    Root { id, path, decision }: Root,
 ) -> RootDiscovery {
     let mut found = RootDiscovery {
         id,
@@ -67,7 +95,10 @@ async fn discover_root(
         error: None,
     };
     let source = match decision {
-        SandboxDecision::Unsandboxed => Source::Direct,
+        SandboxDecision::Unsandboxed => Source::Direct {
+            threads: &discovery.threads,
+            session,
+        },
         SandboxDecision::Enforce(policy) => Source::Confined {
             runtime: &discovery.sandbox,
             policy,
@@ -92,7 +123,7 @@ async fn discover_root(
             return found;
         }
     };
-    let mut reader = Reader::new(&source, &discovery.config);
+    let mut reader = Reader::new(&source, &discovery.config, budget);
     for (dir, reason) in &listing.errors {
         reader.warn(path_unscannable(dir, reason));
     }

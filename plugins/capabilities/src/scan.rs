@@ -3,6 +3,7 @@
 //! request's size budget.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use exec_server_core::proto::path::to_file_uri;
 
@@ -13,40 +14,100 @@ use crate::wire::{
     SIZE_LIMIT_REACHED, SKILL_FILE, SKILL_METADATA,
 };
 
-/// Reads files for one request: each at most `max_file_bytes`, all together at most
-/// `max_total_bytes`. What does not fit is left out with a warning.
+/// What one request's answer may still hold, in bytes of JSON: file contents, the paths
+/// that name them and warnings, all together at most `capabilities.max_total_bytes`,
+/// across every root of the request. The handler reserves that much of the connection's
+/// outbound budget before it reads anything.
+#[derive(Debug)]
+pub(crate) struct AnswerBudget {
+    remaining: AtomicU64,
+}
+
+/// JSON around each file of an answer (`{"path":…,"contents":…}` and its place in a list).
+const FILE_OVERHEAD: u64 = 64;
+/// Room kept past the budget for the one warning that says the budget ran out.
+pub(crate) const BUDGET_SLACK: usize = 1024;
+
+impl AnswerBudget {
+    pub(crate) fn new(config: &CapabilitiesConfig) -> Self {
+        Self {
+            remaining: AtomicU64::new(config.max_total_bytes),
+        }
+    }
+
+    fn remaining(&self) -> u64 {
+        self.remaining.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes` if they are left.
+    fn take(&self, bytes: u64) -> bool {
+        self.remaining
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(bytes)
+            })
+            .is_ok()
+    }
+}
+
+/// Bytes `text` takes as a JSON string, quotes and escapes included.
+pub(crate) fn json_len(text: &str) -> u64 {
+    let escaped: usize = text
+        .chars()
+        .map(|c| match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        })
+        .sum();
+    escaped as u64 + 2
+}
+
+/// Reads files for one request: each at most `max_file_bytes`, all of the answer within
+/// its [`AnswerBudget`]. What does not fit is left out with a warning.
 pub(crate) struct Reader<'a> {
     pub(crate) source: &'a Source<'a>,
     pub(crate) config: &'a CapabilitiesConfig,
-    pub(crate) remaining: u64,
+    budget: &'a AnswerBudget,
     pub(crate) warnings: Vec<String>,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(source: &'a Source<'a>, config: &'a CapabilitiesConfig) -> Self {
+    pub(crate) fn new(
+        source: &'a Source<'a>,
+        config: &'a CapabilitiesConfig,
+        budget: &'a AnswerBudget,
+    ) -> Self {
         Self {
             source,
             config,
-            remaining: config.max_total_bytes,
+            budget,
             warnings: Vec::new(),
         }
     }
 
+    /// Adds `warning` once; past the budget, only the warning that says so.
     pub(crate) fn warn(&mut self, warning: String) {
-        if !self.warnings.contains(&warning) {
+        if self.warnings.contains(&warning) {
+            return;
+        }
+        if self.budget.take(json_len(&warning)) {
             self.warnings.push(warning);
+        } else if !self.warnings.iter().any(|w| w == SIZE_LIMIT_REACHED) {
+            self.warnings.push(SIZE_LIMIT_REACHED.to_owned());
         }
     }
 
     pub(crate) async fn text_file(&mut self, path: &Path) -> Option<TextFile> {
-        let limit = self.config.max_file_bytes.min(self.remaining);
+        let limit = self.config.max_file_bytes.min(self.budget.remaining());
         match self.source.read(path, limit).await {
             Ok(Some(contents)) => {
-                self.remaining -= contents.len() as u64;
-                Some(TextFile {
-                    path: to_file_uri(path),
-                    contents,
-                })
+                let path = to_file_uri(path);
+                let cost = json_len(&path) + json_len(&contents) + FILE_OVERHEAD;
+                if !self.budget.take(cost) {
+                    self.warn(SIZE_LIMIT_REACHED.to_owned());
+                    return None;
+                }
+                Some(TextFile { path, contents })
             }
             Ok(None) => {
                 self.warn(SIZE_LIMIT_REACHED.to_owned());

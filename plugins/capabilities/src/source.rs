@@ -10,21 +10,65 @@ use base64::Engine as _;
 use exec_server_core::proto::fs::{Metadata, WalkResult};
 use exec_server_core::proto::path::{parse_path, to_file_uri};
 use exec_server_core::proto::RpcError;
+use exec_server_core::SlottedThreads;
 use exec_server_sandbox::policy::SandboxPolicy;
 use exec_server_sandbox::SandboxRuntime;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::config::CapabilitiesConfig;
+use crate::wire::{APPS_CONFIG, MANIFEST_PATHS, MCP_CONFIG, SKILL_FILE, SKILL_METADATA};
 
-/// The regular files of a tree, what could not be scanned, and whether a limit cut the
-/// scan short.
+/// The regular files of a tree that discovery may answer with ([`wanted`]), what could not
+/// be scanned, and whether a limit cut the scan short.
 #[derive(Debug, Default)]
 pub(crate) struct Listing {
     pub(crate) files: BTreeSet<PathBuf>,
     /// Directories that could not be read, with the reason.
     pub(crate) errors: Vec<(PathBuf, String)>,
     pub(crate) truncated: bool,
+    /// Bytes of the paths in `files` and `errors`.
+    held_bytes: u64,
+}
+
+/// The most bytes of paths one [`Listing`] keeps: an answer holds no more than the
+/// request's content budget anyway, so a tree of many long names costs no more memory.
+fn listing_limit(config: &CapabilitiesConfig) -> u64 {
+    config.max_total_bytes
+}
+
+impl Listing {
+    /// Keeps the regular file `path` if discovery may answer with it; past the listing's
+    /// limit nothing more is kept and the listing is truncated.
+    fn add_file(&mut self, path: PathBuf, limit: u64) {
+        if wanted(&path) && self.hold(&path, limit) {
+            self.files.insert(path);
+        }
+    }
+
+    fn add_error(&mut self, dir: PathBuf, reason: String, limit: u64) {
+        if self.hold(&dir, limit) {
+            self.errors.push((dir, reason));
+        }
+    }
+
+    fn hold(&mut self, path: &Path, limit: u64) -> bool {
+        self.held_bytes += path.as_os_str().len() as u64;
+        if self.held_bytes > limit {
+            self.truncated = true;
+            return false;
+        }
+        true
+    }
+}
+
+/// Whether a file may be part of an answer: a plugin manifest, its MCP or apps config, a
+/// skill or a skill's metadata.
+fn wanted(path: &Path) -> bool {
+    MANIFEST_PATHS
+        .iter()
+        .chain(&[MCP_CONFIG, APPS_CONFIG, SKILL_FILE, SKILL_METADATA])
+        .any(|name| path.ends_with(name))
 }
 
 /// What a path is.
@@ -36,7 +80,11 @@ pub(crate) enum Kind {
 }
 
 pub(crate) enum Source<'a> {
-    Direct,
+    Direct {
+        /// The plugin's share of worker threads, and the requesting session.
+        threads: &'a SlottedThreads,
+        session: &'a str,
+    },
     Confined {
         runtime: &'a SandboxRuntime,
         policy: SandboxPolicy,
@@ -49,9 +97,9 @@ impl Source<'_> {
     /// What `path` is (symbolic links followed).
     pub(crate) async fn kind(&self, path: &Path) -> Result<Kind, String> {
         match self {
-            Source::Direct => {
+            Source::Direct { .. } => {
                 let path = path.to_path_buf();
-                blocking(move || {
+                self.blocking(move || {
                     let meta = std::fs::metadata(&path).map_err(|e| e.to_string())?;
                     Ok(if meta.is_dir() {
                         Kind::Directory
@@ -89,10 +137,10 @@ impl Source<'_> {
         config: &CapabilitiesConfig,
     ) -> Result<Listing, String> {
         match self {
-            Source::Direct => {
+            Source::Direct { .. } => {
                 let root = root.to_path_buf();
-                let (depth, entries) = (config.max_depth, config.max_entries);
-                blocking(move || Ok(walk_direct(&root, depth, entries))).await
+                let config = config.clone();
+                self.blocking(move || Ok(walk_direct(&root, &config))).await
             }
             Source::Confined { .. } => {
                 let params = json!({
@@ -111,16 +159,17 @@ impl Source<'_> {
                     truncated: walked.truncated,
                     ..Listing::default()
                 };
+                let limit = listing_limit(config);
                 for entry in walked.entries {
                     if entry.kind == exec_server_core::proto::fs::WalkEntryKind::File {
                         if let Ok(path) = parse_path(&entry.path) {
-                            listing.files.insert(path);
+                            listing.add_file(path, limit);
                         }
                     }
                 }
                 for error in walked.errors {
                     if let Ok(path) = parse_path(&error.path) {
-                        listing.errors.push((path, error.message));
+                        listing.add_error(path, error.message, limit);
                     }
                 }
                 Ok(listing)
@@ -132,9 +181,9 @@ impl Source<'_> {
     /// than `max_bytes` (`Ok(None)`).
     pub(crate) async fn read(&self, path: &Path, max_bytes: u64) -> Result<Option<String>, String> {
         let bytes = match self {
-            Source::Direct => {
+            Source::Direct { .. } => {
                 let path = path.to_path_buf();
-                blocking(move || {
+                self.blocking(move || {
                     use std::io::Read as _;
                     let file = open_regular(&path)?;
                     let mut bytes = Vec::new();
@@ -171,6 +220,20 @@ impl Source<'_> {
             return Ok(None);
         }
         Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    /// Runs `work` in the requesting session's share of the plugin's worker threads.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        let Source::Direct { threads, session } = self else {
+            unreachable!("only direct sources read in the server");
+        };
+        threads
+            .run(session, work)
+            .await
+            .unwrap_or_else(|| Err("discovery task failed".to_owned()))
     }
 
     async fn helper<T: DeserializeOwned>(
@@ -211,17 +274,10 @@ pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| format!("discovery task failed: {e}"))?
-}
-
 /// Depth-first walk that never follows a symbolic link and stops after `max_entries`
-/// entries or below `max_depth` levels.
-fn walk_direct(root: &Path, max_depth: usize, max_entries: usize) -> Listing {
+/// entries, below `max_depth` levels, or once the listing holds its limit of paths.
+fn walk_direct(root: &Path, config: &CapabilitiesConfig) -> Listing {
+    let limit = listing_limit(config);
     let mut listing = Listing::default();
     let mut seen = 0usize;
     let mut stack = vec![(root.to_path_buf(), 0usize)];
@@ -229,14 +285,14 @@ fn walk_direct(root: &Path, max_depth: usize, max_entries: usize) -> Listing {
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(e) => {
-                listing.errors.push((dir, e.to_string()));
+                listing.add_error(dir, e.to_string(), limit);
                 continue;
             }
         };
         for entry in entries {
             let Ok(entry) = entry else { continue };
             seen += 1;
-            if seen > max_entries {
+            if seen > config.max_entries || listing.held_bytes > limit {
                 listing.truncated = true;
                 return listing;
             }
@@ -244,13 +300,13 @@ fn walk_direct(root: &Path, max_depth: usize, max_entries: usize) -> Listing {
                 continue;
             };
             if kind.is_dir() {
-                if depth + 1 < max_depth {
+                if depth + 1 < config.max_depth {
                     stack.push((entry.path(), depth + 1));
                 } else {
                     listing.truncated = true;
                 }
             } else if kind.is_file() {
-                listing.files.insert(entry.path());
+                listing.add_file(entry.path(), limit);
             }
         }
     }

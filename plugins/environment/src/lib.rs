@@ -45,10 +45,10 @@ exec_server_core::inventory::submit! {
 
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let config: EnvironmentConfig = install.checked_config()?;
-    let settings = Arc::new(config_read::ReadSettings {
+    let settings = Arc::new(config_read::Reads::new(config_read::ReadSettings {
         system_dir: config.codex_system_dir,
         max_file_bytes: config.config_max_file_bytes,
-    });
+    }));
     install.capability(capability::ENVIRONMENT_CONFIG_READ, &[CONFIG_READ]);
     install.method_with(CONFIG_READ, &settings, config_read::handle);
     install.environment_info(INFO, host_info);

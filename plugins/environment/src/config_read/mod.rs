@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use exec_server_core::proto::path::{parse_path, to_file_uri};
 use exec_server_core::proto::RpcError;
-use exec_server_core::Call;
+use exec_server_core::{Call, SlottedThreads};
 
 pub use layers::{codex_home, CodexLayout, DEFAULT_SYSTEM_DIR};
 pub use wire::{ConfigReadParams, ConfigReadResult, Layer, LayerStack};
@@ -33,18 +33,54 @@ pub struct ReadSettings {
     pub max_file_bytes: u64,
 }
 
-/// Answers one `environmentConfig/read`.
+/// The method's state: its settings and the threads its reads run on.
+#[derive(Debug)]
+pub struct Reads {
+    pub settings: ReadSettings,
+    threads: SlottedThreads,
+}
+
+/// Reads of all sessions at once, and of one session.
+const THREADS_TOTAL: usize = 2;
+const THREADS_PER_SESSION: usize = 1;
+
+impl Reads {
+    pub fn new(settings: ReadSettings) -> Self {
+        Self {
+            settings,
+            threads: SlottedThreads::new("environment-config", THREADS_TOTAL, THREADS_PER_SESSION),
+        }
+    }
+}
+
+/// Answers one `environmentConfig/read`: the layers are read in the session's share of
+/// the method's threads, and the answer waits for its room in the connection's outbound
+/// budget (its size is known only once the layers are read; each is at most
+/// `environment.config_max_file_bytes`).
 pub async fn handle(
-    settings: Arc<ReadSettings>,
-    _cx: Call,
+    reads: Arc<Reads>,
+    cx: Call,
     params: ConfigReadParams,
 ) -> Result<ConfigReadResult, RpcError> {
     let cwd = parse_path(&params.cwd).map_err(|e| e.into_rpc(&params.cwd))?;
     wire::check_paths(&params)?;
-    let layout = CodexLayout::from_environment(&settings.system_dir)?;
-    tokio::task::spawn_blocking(move || read(&layout, &settings, cwd, &params))
+    let layout = CodexLayout::from_environment(&reads.settings.system_dir)?;
+    let worker = Arc::clone(&reads);
+    let session = cx.session().id().to_owned();
+    let result = reads
+        .threads
+        .run(&session, move || {
+            let result = read(&layout, &worker.settings, cwd, &params)?;
+            let size = serde_json::to_vec(&result).map_or(0, |json| json.len());
+            Ok((result, size))
+        })
         .await
-        .map_err(|e| RpcError::internal(format!("environmentConfig/read failed: {e}")))?
+        .unwrap_or_else(|| Err(RpcError::internal("environmentConfig/read failed")));
+    let (result, size) = result?;
+    if !cx.reserve_response_bytes(size).await {
+        return Err(RpcError::internal("the connection closed"));
+    }
+    Ok(result)
 }
 
 /// Reads and selects every layer; runs on a blocking thread.
