@@ -350,6 +350,13 @@ impl RpcError {
         ))
     }
 
+    /// A charge to the server's inotify watch budget that does not fit its share.
+    pub fn watch_budget(what: &str, limit: u64, key: &str) -> Self {
+        Self::invalid_request(format!(
+            "watch budget reached: {what} does not fit within {limit} inotify watches ({key})"
+        ))
+    }
+
     pub fn too_many_handles(limit: usize) -> Self {
         Self::invalid_request(format!(
             "at most {limit} file handles may be open per connection"

@@ -31,6 +31,7 @@ pub mod connection;
 pub mod descriptor_config;
 pub mod descriptors;
 pub mod extensions;
+pub mod fair_budget;
 pub mod fair_slots;
 pub mod helpers;
 pub mod hygiene;

@@ -192,6 +192,8 @@ pub struct SessionRegistry {
 
 impl SessionRegistry {
     pub fn new(detached_ttl: Duration) -> Arc<Self> {
+        // Sessions are live in the descriptor budget from the first one on.
+        crate::descriptors::register();
         let gauge = |state| {
             metrics::gauge(
                 "exec_server_sessions",
@@ -211,7 +213,7 @@ impl SessionRegistry {
     pub fn create(&self, outbound: Outbound) -> (Arc<Session>, u64) {
         let id = uuid::Uuid::new_v4().to_string();
         let session = Arc::new(Session::new(id.clone(), outbound));
-        crate::descriptors::session_started(&id);
+        crate::fair_budget::session_started(&id);
         self.lock().insert(id, Arc::clone(&session));
         self.attached.inc();
         (session, 1)
@@ -300,7 +302,7 @@ impl SessionRegistry {
             shrink_when_sparse(&mut sessions);
         }
         session.extensions.end_all();
-        crate::descriptors::session_ended(&session.id);
+        crate::fair_budget::session_ended(&session.id);
         crate::memory_trim::session_ended();
     }
 

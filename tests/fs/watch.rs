@@ -220,6 +220,60 @@ async fn kernel_watches_are_bounded_and_released_with_the_session() {
     drop(server);
 }
 
+/// The kernel counts inotify watches per user: sessions that each stay within
+/// `fs.max_watches_per_session` must not, together, take more than `fs.max_watches_total`
+/// (nor the user's `max_user_watches`), and a session started before them keeps its
+/// guaranteed part whatever they take.
+#[tokio::test]
+async fn sessions_together_hold_the_watch_budget_and_an_earlier_session_keeps_its_part() {
+    let config = config_file("[fs]\nmax_watches_per_session = 8\nmax_watches_total = 64\n");
+    let server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
+    let pid = server.child.id().unwrap();
+    let (_keep, dir) = temp_dir();
+    let watch = |id: &str, path: &Path| json!({"watchId": id, "path": uri(path)});
+    let mut victim = server.connect().await;
+    victim.opt_in(&["fsWatch"]);
+    victim.handshake().await;
+    // The victim's first watch, then hogs that each try to take their whole share.
+    std::fs::create_dir(dir.join("victim-0")).unwrap();
+    victim
+        .call("fs/watch", watch("v0", &dir.join("victim-0")))
+        .await;
+    let mut hogs = Vec::new();
+    let mut refused = 0;
+    for h in 0..12 {
+        let mut hog = server.connect().await;
+        hog.opt_in(&["fsWatch"]);
+        hog.handshake().await;
+        for w in 0..8 {
+            let sub = dir.join(format!("hog-{h}-{w}"));
+            std::fs::create_dir(&sub).unwrap();
+            if let Err(error) = hog.request("fs/watch", watch(&format!("w{w}"), &sub)).await {
+                let message = error["message"].as_str().unwrap_or_default().to_owned();
+                assert!(message.starts_with("watch budget reached"), "{error}");
+                refused += 1;
+            }
+        }
+        hogs.push(hog);
+    }
+    assert!(refused > 0, "12 sessions took 96 watches of a budget of 64");
+    assert!(
+        kernel_watches(pid) <= 64,
+        "{} kernel watches",
+        kernel_watches(pid)
+    );
+    // The victim still gets its guaranteed part: min(8, 64 / 2 / 13 live sessions) = 2.
+    std::fs::create_dir(dir.join("victim-1")).unwrap();
+    victim
+        .call("fs/watch", watch("v1", &dir.join("victim-1")))
+        .await;
+    for hog in &mut hogs {
+        hog.close().await;
+    }
+    victim.close().await;
+    drop(server);
+}
+
 #[tokio::test]
 async fn a_fired_watch_releases_its_kernel_watches() {
     let server = WsServer::start(&[]).await;

@@ -29,6 +29,9 @@ pub struct FsConfig {
     pub max_write_block_bytes: usize,
     /// Kernel watches one session may hold for `fs/watchMissing` and `fs/watch`.
     pub max_watches_per_session: usize,
+    /// Kernel watches all sessions together may hold (at most half the user's
+    /// `max_user_watches`); shared out so that each live session keeps its part.
+    pub max_watches_total: usize,
     /// How long `fs/watch` gathers changes after the first before sending them.
     pub watch_debounce_ms: u64,
     /// Deadline of one in-process operation, from the moment it gets a blocking slot.
@@ -56,6 +59,7 @@ impl Default for FsConfig {
             max_read_block_bytes: 1024 * 1024,
             max_write_block_bytes: 1024 * 1024,
             max_watches_per_session: 256,
+            max_watches_total: 8192,
             watch_debounce_ms: 50,
             operation_timeout_ms: 60_000,
             max_blocking_per_session: 8,
@@ -95,6 +99,7 @@ impl CheckedSection for FsConfig {
                     "max_watches_per_session",
                     self.max_watches_per_session as u64,
                 ),
+                ("max_watches_total", self.max_watches_total as u64),
                 ("operation_timeout_ms", self.operation_timeout_ms),
                 (
                     "max_blocking_per_session",

@@ -109,6 +109,7 @@ exec_server_core::inventory::submit! {
 fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let sandbox = SandboxRuntime::shared(install)?;
     let config: FsConfig = install.checked_config()?;
+    watch::budget::configure(&config);
     let config = Arc::new(FsState {
         pool: BlockingPool::new(&config),
         config,

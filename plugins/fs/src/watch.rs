@@ -2,13 +2,15 @@
 //! / `fs/unwatch` extension (`changes`), on the plugin's one inotify instance (`inotify`).
 //!
 //! Watches are session state: they survive a resume on a new connection, count against
-//! `fs.max_watches_per_session` kernel watches, and are all released when the session
-//! ends ([`WatchSession::session_ended`]).
+//! `fs.max_watches_per_session` kernel watches and the server-wide watch budget
+//! ([`budget`]), and are all released when the session ends
+//! ([`WatchSession::session_ended`]).
 //!
 //! Watching reveals that paths exist and change, which a sandbox policy may deny: no
 //! helper process can hold a watch, so a `sandbox` that needs enforcement is refused, as
 //! `search/start` does.
 
+pub(crate) mod budget;
 pub(crate) mod changes;
 pub(crate) mod missing;
 

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use exec_server_core::fair_budget::BudgetLease;
 use exec_server_core::proto::bytes::Empty;
 use exec_server_core::proto::fs::MAX_HANDLE_ID_BYTES;
 use exec_server_core::proto::path::{parse_path, to_file_uri};
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use super::{refuse_enforced_sandbox, AbortOnDrop, WatchSession};
+use super::{budget, refuse_enforced_sandbox, AbortOnDrop, WatchSession};
 use crate::inotify::{KernelWatch, RawEvent, Sink};
 use crate::routing::FsState;
 
@@ -136,6 +137,7 @@ pub(crate) async fn handle_watch(
         ));
     }
     std::fs::metadata(&path).map_err(|e| RpcError::from_io(&e))?;
+    let charged = budget::charge(session.id(), 1, "an fs/watch watch")?;
     let hub = state.inotify().map_err(|e| RpcError::from_io(&e))?;
     let pending = Arc::new(Pending::default());
     let sink: Sink = {
@@ -153,6 +155,7 @@ pub(crate) async fn handle_watch(
     ));
     let watch = ChangeWatch {
         _kernel: kernel,
+        _charged: charged,
         _task: AbortOnDrop(task.abort_handle()),
     };
     watches.insert_change(&params.watch_id, watch)?;
@@ -186,6 +189,8 @@ fn check_watch_id(id: &str) -> Result<(), RpcError> {
 #[derive(Debug)]
 pub(crate) struct ChangeWatch {
     _kernel: KernelWatch,
+    /// Its part of the server's watch budget.
+    _charged: BudgetLease,
     _task: AbortOnDrop,
 }
 

@@ -12,6 +12,7 @@ use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Weak};
 
+use exec_server_core::fair_budget::BudgetLease;
 use exec_server_core::proto::fs::{WatchMissingParams, WatchMissingResult, MISSING_CHANGED};
 use exec_server_core::proto::path::parse_path;
 use exec_server_core::proto::RpcError;
@@ -21,7 +22,7 @@ use rustix::fs::inotify::{ReadFlags, WatchFlags};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::{refuse_enforced_sandbox, AbortOnDrop, WatchSession};
+use super::{budget, refuse_enforced_sandbox, AbortOnDrop, WatchSession};
 use crate::inotify::{KernelWatch, RawEvent, Sink};
 use crate::routing::FsState;
 
@@ -80,7 +81,17 @@ pub(crate) async fn handle(
         );
         return Ok(WatchMissingResult { watching: false });
     }
-    let Some(watch) = start(&state, session, params.watch_id, &plan) else {
+    let charged = match budget::charge(session.id(), plan.watches.len(), "an fs/watchMissing") {
+        Ok(charged) => charged,
+        Err(refusal) => {
+            tracing::info!(
+                "fs/watchMissing refused by the watch budget: {}",
+                refusal.message
+            );
+            return Ok(WatchMissingResult { watching: false });
+        }
+    };
+    let Some(watch) = start(&state, session, params.watch_id, &plan, charged) else {
         return Ok(WatchMissingResult { watching: false });
     };
     // Anything that appeared while the watches were being placed fires at once.
@@ -209,13 +220,21 @@ pub(crate) struct MissingWatch {
     pub(crate) id: u64,
     /// Kernel watches held (each counts against `fs.max_watches_per_session`).
     pub(crate) kernel: Vec<KernelWatch>,
+    /// Their part of the server's watch budget.
+    _charged: BudgetLease,
     fired: Arc<Notify>,
     _task: AbortOnDrop,
 }
 
 /// Places the kernel watches of `plan` and starts the task that notifies; `None` when the
 /// kernel refused a watch (the client then keeps discovering live).
-fn start(state: &FsState, session: &Arc<Session>, id: u64, plan: &Plan) -> Option<MissingWatch> {
+fn start(
+    state: &FsState,
+    session: &Arc<Session>,
+    id: u64,
+    plan: &Plan,
+    charged: BudgetLease,
+) -> Option<MissingWatch> {
     let hub = match state.inotify() {
         Ok(hub) => hub,
         Err(e) => {
@@ -254,6 +273,7 @@ fn start(state: &FsState, session: &Arc<Session>, id: u64, plan: &Plan) -> Optio
     Some(MissingWatch {
         id,
         kernel,
+        _charged: charged,
         fired,
         _task: AbortOnDrop(task.abort_handle()),
     })

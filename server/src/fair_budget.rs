@@ -1,0 +1,511 @@
+//! A resource every session draws on, shared out so that no client takes what the others
+//! need: file descriptors ([`crate::descriptors`]), inotify watches (the fs plugin), …
+//! Each consumer charges the budget *before* it takes the resource and holds the returned
+//! [`BudgetLease`] for as long as it keeps it; dropping the lease gives it back.
+//!
+//! * every live session is guaranteed `min(guarantee cap, capacity / (2 × live sessions))`
+//!   units that nobody else may take: a charge is refused when it would leave less free
+//!   than the unused guarantees of the *other* live sessions; a session is guaranteed at
+//!   most what was free when it started, so a client opening more sessions never eats
+//!   into the guarantee of a session started before;
+//! * one session never holds more than its maximum percentage of the capacity.
+//!
+//! Charges that belong to no session take only what is left outside every live session's
+//! guarantee. The session registry makes sessions live and ends them in every budget
+//! ([`session_started`], [`session_ended`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use exec_server_proto::RpcError;
+
+use crate::metrics::{self, Counter, Gauge};
+
+/// The limits in force.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Units clients may be charged for; `u64::MAX` for no limit.
+    pub capacity: u64,
+    /// The most one live session is guaranteed.
+    pub guarantee_cap: u64,
+    /// The most one session may hold, in percent of the capacity (clamped to 1–100).
+    pub max_percent: u64,
+}
+
+impl Limits {
+    /// The most one session may hold.
+    fn session_max(&self) -> u64 {
+        if self.capacity == u64::MAX {
+            return u64::MAX;
+        }
+        self.capacity * self.max_percent.clamp(1, 100) / 100
+    }
+
+    /// What each of `live` sessions is guaranteed.
+    pub(crate) fn guarantee(&self, live: u64) -> u64 {
+        let fair = self.capacity / 2 / live.max(1);
+        self.guarantee_cap.min(fair)
+    }
+}
+
+/// How a budget names itself: in refusals and in `/metrics`.
+#[derive(Debug)]
+pub struct BudgetNames {
+    /// Configuration keys named by refusals: the guarantee's and the maximum's.
+    pub guarantee_key: &'static str,
+    pub max_key: &'static str,
+    /// The refusal, from what was asked for, the limit and its key.
+    pub refusal: fn(&str, u64, &str) -> RpcError,
+    /// Metric names and help: units charged, the capacity, refusals (labelled `reason`).
+    pub in_use: (&'static str, &'static str),
+    pub capacity: (&'static str, &'static str),
+    pub refusals: (&'static str, &'static str),
+}
+
+/// One shared budget. Create it once (a `static` behind a `OnceLock`) and [`register`] it
+/// before sessions start.
+pub struct FairBudget {
+    names: &'static BudgetNames,
+    state: Mutex<State>,
+    metrics: BudgetMetrics,
+}
+
+impl std::fmt::Debug for FairBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FairBudget")
+            .field("max_key", &self.names.max_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every budget sessions are live in.
+static BUDGETS: Mutex<Vec<&'static FairBudget>> = Mutex::new(Vec::new());
+
+/// Makes `budget` see sessions start and end from now on.
+pub fn register(budget: &'static FairBudget) {
+    let mut budgets = BUDGETS.lock().unwrap_or_else(|e| e.into_inner());
+    if !budgets.iter().any(|known| std::ptr::eq(*known, budget)) {
+        budgets.push(budget);
+    }
+}
+
+fn budgets() -> Vec<&'static FairBudget> {
+    BUDGETS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Counts `session` as live in every budget: it is guaranteed its share.
+pub fn session_started(session: &str) {
+    for budget in budgets() {
+        budget.lock().start(session);
+    }
+}
+
+/// `session` ended: no budget guarantees it anything any more; what its resources still
+/// hold stays charged to it until they are given back.
+pub fn session_ended(session: &str) {
+    for budget in budgets() {
+        let mut state = budget.lock();
+        if let Some(share) = state.shares.get_mut(session) {
+            share.live = false;
+            if share.held == 0 {
+                state.shares.remove(session);
+            }
+        }
+    }
+}
+
+struct BudgetMetrics {
+    in_use: Gauge,
+    capacity: Gauge,
+    refused_session_max: Counter,
+    refused_guarantees: Counter,
+}
+
+impl FairBudget {
+    pub fn new(names: &'static BudgetNames, limits: Limits) -> Self {
+        let refused =
+            |reason| metrics::counter(names.refusals.0, names.refusals.1, &[("reason", reason)]);
+        let metrics = BudgetMetrics {
+            in_use: metrics::gauge(names.in_use.0, names.in_use.1, &[]),
+            capacity: metrics::gauge(names.capacity.0, names.capacity.1, &[]),
+            refused_session_max: refused("session_max"),
+            refused_guarantees: refused("guarantees"),
+        };
+        metrics
+            .capacity
+            .set(limits.capacity.min(i64::MAX as u64) as i64);
+        Self {
+            names,
+            state: Mutex::new(State {
+                limits,
+                used: 0,
+                shares: HashMap::new(),
+            }),
+            metrics,
+        }
+    }
+
+    /// Replaces the limits (at start-up, from the configuration).
+    pub fn set_limits(&self, limits: Limits) {
+        self.lock().limits = limits;
+        self.metrics
+            .capacity
+            .set(limits.capacity.min(i64::MAX as u64) as i64);
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.lock().limits
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is one call: a panic cannot leave the counts half changed.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Charges `amount` units to `session` (none: an unowned charge) for `what`, or
+    /// refuses with the budget's refusal when that would take it past its share.
+    pub fn charge(
+        &'static self,
+        session: Option<&str>,
+        amount: u64,
+        what: &str,
+    ) -> Result<BudgetLease, RpcError> {
+        let mut state = self.lock();
+        let owner = session.map(|id| state.key(id));
+        if let Err(refusal) = state.admit(owner.as_deref(), amount) {
+            drop(state);
+            let (counter, limit, key) = match refusal {
+                Refusal::SessionMax(limit) => {
+                    (&self.metrics.refused_session_max, limit, self.names.max_key)
+                }
+                Refusal::Guarantees(limit) => (
+                    &self.metrics.refused_guarantees,
+                    limit,
+                    self.names.guarantee_key,
+                ),
+            };
+            counter.inc();
+            tracing::debug!(session, amount, what, limit, key, "shared budget reached");
+            return Err((self.names.refusal)(what, limit, key));
+        }
+        state.used += amount;
+        if let Some(owner) = &owner {
+            state.share(owner).held += amount;
+        }
+        drop(state);
+        self.metrics.in_use.add(amount as i64);
+        Ok(BudgetLease {
+            budget: self,
+            owner,
+            amount,
+        })
+    }
+
+    /// Units charged to `session` now.
+    pub fn held_by(&self, session: &str) -> u64 {
+        self.lock()
+            .shares
+            .get(session)
+            .map_or(0, |share| share.held)
+    }
+
+    fn release(&self, owner: Option<&Arc<str>>, amount: u64) {
+        let mut state = self.lock();
+        state.used = state.used.saturating_sub(amount);
+        if let Some(owner) = owner {
+            if let Some(share) = state.shares.get_mut(&**owner) {
+                share.held = share.held.saturating_sub(amount);
+                if share.held == 0 && !share.live {
+                    state.shares.remove(&**owner);
+                }
+            }
+        }
+        drop(state);
+        self.metrics.in_use.add(-(amount as i64));
+    }
+
+    #[cfg(test)]
+    pub(crate) fn has_share(&self, session: &str) -> bool {
+        self.lock().shares.contains_key(session)
+    }
+}
+
+pub(crate) struct State {
+    limits: Limits,
+    /// Units charged, to sessions and unowned together.
+    used: u64,
+    shares: HashMap<Arc<str>, Share>,
+}
+
+#[derive(Default)]
+struct Share {
+    held: u64,
+    /// Between [`session_started`] and [`session_ended`]: guaranteed its share.
+    live: bool,
+    /// The most this session can ever be guaranteed: what was free for it when it started
+    /// ([`State::start`]). A session that starts when the others' guarantees and what the
+    /// hogs hold already fill the budget is guaranteed only what is left, so a client
+    /// opening more sessions never eats into the guarantee of a session started before.
+    reserved: u64,
+}
+
+/// Which limit refused a charge, with its value.
+pub(crate) enum Refusal {
+    SessionMax(u64),
+    Guarantees(u64),
+}
+
+impl State {
+    /// The shared key of `id`, so that leases need not copy the id.
+    fn key(&mut self, id: &str) -> Arc<str> {
+        match self.shares.get_key_value(id) {
+            Some((key, _)) => Arc::clone(key),
+            None => {
+                let key: Arc<str> = Arc::from(id);
+                // Charged after its end (a helper still on its way): guaranteed nothing.
+                self.shares.insert(Arc::clone(&key), Share::default());
+                key
+            }
+        }
+    }
+
+    fn share(&mut self, id: &str) -> &mut Share {
+        if !self.shares.contains_key(id) {
+            self.shares.insert(Arc::from(id), Share::default());
+        }
+        self.shares.get_mut(id).expect("inserted above")
+    }
+
+    /// Makes `id` live, guaranteed at most what is free for it now.
+    fn start(&mut self, id: &str) {
+        self.share(id).live = true;
+        let kept = self.kept_for_others(Some(id));
+        let free = self
+            .limits
+            .capacity
+            .saturating_sub(self.used.saturating_add(kept));
+        // A ceiling, not the fair share of the moment: when sessions leave, the fair
+        // share grows back up to what was free.
+        self.share(id).reserved = self.limits.guarantee_cap.min(free);
+    }
+
+    fn live_sessions(&self) -> u64 {
+        self.shares.values().filter(|share| share.live).count() as u64
+    }
+
+    /// What `share` is guaranteed now: the fair share of the live sessions, at most what it
+    /// reserved when it started.
+    fn guarantee_of(&self, share: &Share) -> u64 {
+        self.limits
+            .guarantee(self.live_sessions())
+            .min(share.reserved)
+    }
+
+    /// The unused guarantees of the live sessions other than `owner`.
+    fn kept_for_others(&self, owner: Option<&str>) -> u64 {
+        self.shares
+            .iter()
+            .filter(|(id, share)| share.live && Some(&***id) != owner)
+            .map(|(_, share)| self.guarantee_of(share).saturating_sub(share.held))
+            .sum()
+    }
+
+    /// Whether `amount` more for `owner` keeps it within its maximum and leaves free the
+    /// unused guarantee of every other live session. Within its own guarantee a session
+    /// only needs the room itself.
+    fn admit(&self, owner: Option<&str>, amount: u64) -> Result<(), Refusal> {
+        let budget = self.limits;
+        if budget.capacity == u64::MAX {
+            return Ok(());
+        }
+        let held = owner
+            .and_then(|id| self.shares.get(id))
+            .map_or(0, |share| share.held);
+        let session_max = budget.session_max();
+        if owner.is_some() && held.saturating_add(amount) > session_max {
+            return Err(Refusal::SessionMax(session_max));
+        }
+        let fits = self.used.saturating_add(amount) <= budget.capacity;
+        let own = owner.and_then(|id| self.shares.get(id));
+        if fits && own.is_some_and(|share| held.saturating_add(amount) <= self.guarantee_of(share))
+        {
+            return Ok(());
+        }
+        let guarantee = budget.guarantee(self.live_sessions());
+        let kept_for_others = self.kept_for_others(owner);
+        if self
+            .used
+            .saturating_add(amount)
+            .saturating_add(kept_for_others)
+            > budget.capacity
+        {
+            return Err(Refusal::Guarantees(guarantee));
+        }
+        Ok(())
+    }
+}
+
+/// Units charged to a [`FairBudget`]; given back when dropped. Hold it exactly as long as
+/// what it stands for is held.
+pub struct BudgetLease {
+    budget: &'static FairBudget,
+    owner: Option<Arc<str>>,
+    amount: u64,
+}
+
+impl std::fmt::Debug for BudgetLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetLease")
+            .field("owner", &self.owner)
+            .field("amount", &self.amount)
+            .finish()
+    }
+}
+
+impl BudgetLease {
+    /// Units this lease holds.
+    pub fn amount(&self) -> u64 {
+        self.amount
+    }
+
+    /// Gives back all but `amount` (some of what was charged for was let go of, like a
+    /// child's ends of its pipes once it is spawned). Never grows the lease.
+    pub fn shrink_to(&mut self, amount: u64) {
+        if amount < self.amount {
+            self.budget
+                .release(self.owner.as_ref(), self.amount - amount);
+            self.amount = amount;
+        }
+    }
+}
+
+impl Drop for BudgetLease {
+    fn drop(&mut self) {
+        if self.amount > 0 {
+            self.budget.release(self.owner.as_ref(), self.amount);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(capacity: u64, guarantee_cap: u64, max_percent: u64) -> State {
+        State {
+            limits: Limits {
+                capacity,
+                guarantee_cap,
+                max_percent,
+            },
+            used: 0,
+            shares: HashMap::new(),
+        }
+    }
+
+    fn take(state: &mut State, owner: &str, amount: u64) -> Result<(), Refusal> {
+        let key = state.key(owner);
+        state.admit(Some(&key), amount)?;
+        state.used += amount;
+        state.share(owner).held += amount;
+        Ok(())
+    }
+
+    #[test]
+    fn one_session_takes_at_most_its_maximum() {
+        let mut state = state(1000, 1000, 50);
+        assert!(take(&mut state, "hog", 500).is_ok());
+        assert!(matches!(
+            take(&mut state, "hog", 1),
+            Err(Refusal::SessionMax(500))
+        ));
+    }
+
+    #[test]
+    fn the_others_keep_their_guarantee_whatever_the_hogs_take() {
+        let mut state = state(1000, 1000, 50);
+        state.start("victim");
+        // Six hog sessions and the victim: each is guaranteed 1000 / 2 / 7 = 71.
+        let hogs: Vec<String> = (0..6).map(|i| format!("hog{i}")).collect();
+        for hog in &hogs {
+            state.start(hog);
+        }
+        for hog in &hogs {
+            while take(&mut state, hog, 1).is_ok() {}
+        }
+        assert_eq!(state.limits.guarantee(7), 71);
+        let free = state.limits.capacity - state.used;
+        assert!(free >= 71, "the victim's guarantee is left: {free}");
+        for _ in 0..71 {
+            assert!(take(&mut state, "victim", 1).is_ok());
+        }
+        // Unowned charges take nothing that a session is guaranteed.
+        let mut state = state_with_room();
+        let free = state.limits.capacity - state.used;
+        state.start("late");
+        assert!(state.guarantee_of(&state.shares["late"]) > 0);
+        assert!(state.admit(None, free).is_err());
+    }
+
+    /// A victim and one hog that filled all it may, with room left over.
+    fn state_with_room() -> State {
+        let mut state = state(1000, 1000, 30);
+        state.start("victim");
+        state.start("hog");
+        while take(&mut state, "hog", 1).is_ok() {}
+        state
+    }
+
+    /// Sessions a hog opens after filling what it may take are guaranteed only what is
+    /// left: the victim started before keeps its own.
+    #[test]
+    fn later_sessions_never_take_an_earlier_sessions_guarantee() {
+        let mut state = state(960, 1024, 50);
+        state.start("victim");
+        for hog in ["hog0", "hog1"] {
+            state.start(hog);
+            while take(&mut state, hog, 1).is_ok() {}
+        }
+        for late in ["late0", "late1", "late2", "late3", "late4", "late5"] {
+            state.start(late);
+            while take(&mut state, late, 1).is_ok() {}
+        }
+        let guarantee = state.guarantee_of(&state.shares["victim"]);
+        assert!(guarantee > 0);
+        for _ in 0..guarantee {
+            assert!(take(&mut state, "victim", 1).is_ok());
+        }
+        assert!(state.used <= state.limits.capacity);
+    }
+
+    /// What was free at its start caps a session's guarantee; the number of sessions does
+    /// not keep it small once they are gone.
+    #[test]
+    fn a_guarantee_grows_back_when_sessions_end() {
+        let mut state = state(1000, 1000, 50);
+        let others: Vec<String> = (0..9).map(|i| format!("s{i}")).collect();
+        for other in &others {
+            state.start(other);
+        }
+        state.start("late");
+        assert_eq!(state.guarantee_of(&state.shares["late"]), 50);
+        for other in &others {
+            state.shares.get_mut(other.as_str()).unwrap().live = false;
+        }
+        assert_eq!(state.guarantee_of(&state.shares["late"]), 500);
+    }
+
+    #[test]
+    fn an_ended_session_is_guaranteed_nothing() {
+        let mut state = state(1000, 1000, 100);
+        state.start("gone");
+        state.start("hog");
+        assert!(matches!(
+            take(&mut state, "hog", 800),
+            Err(Refusal::Guarantees(250))
+        ));
+        state.share("gone").live = false;
+        assert!(take(&mut state, "hog", 800).is_ok());
+    }
+}
