@@ -294,6 +294,8 @@ fn serve(source: ConfigSource, core: CoreConfig) -> Result<(), RunError> {
         let signals = shutdown_signal()?;
         run(server, listeners, signals).await
     });
+    // What plugins leave for the exit (ending processes that would outlive the server).
+    exec_server_core::exit_hooks::run();
     // Plugins may hold blocking threads (process spawner, waiters); do not wait for them:
     // they end with the process.
     runtime.shutdown_background();

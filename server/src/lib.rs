@@ -30,6 +30,7 @@ pub mod config_section;
 pub mod connection;
 pub mod descriptor_config;
 pub mod descriptors;
+pub mod exit_hooks;
 pub mod extensions;
 pub mod fair_budget;
 pub mod fair_slots;

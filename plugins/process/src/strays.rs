@@ -10,8 +10,11 @@
 //! Keepers are recognised by pid: the spawner records each one while it holds [`creating`]
 //! shared, and a sweep holds it exclusively, so no keeper is seen before it is recorded.
 //!
-//! What still escapes: a tree that kills its keeper and the server at the same moment (its
-//! orphans then go to pid 1); `docs/SECURITY.md` says so.
+//! Sweeping goes on for as long as strays keep appearing, and the exiting server sweeps
+//! once more ([`sweep_at_exit`]). What still escapes: a tree that kills its keeper and the
+//! server at the same moment, or a server killed (`SIGKILL`) while it sweeps: its orphans
+//! then go to pid 1, those the sweep had already stopped stay stopped; `docs/SECURITY.md`
+//! says so.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -28,15 +31,21 @@ static KEEPERS: Mutex<Option<HashSet<libc::pid_t>>> = Mutex::new(None);
 /// Held shared from a keeper's `clone` until its pid is recorded, exclusively by a sweep.
 static CREATING: RwLock<()> = RwLock::new(());
 
-/// Pause between sweeps while strays are still being found.
+/// Pause between sweeps while strays are still being found: short at first, then longer
+/// once a tree has kept making strays for [`FAST_SWEEPS`] sweeps. Sweeping never stops
+/// while strays keep appearing: a tree that outlasted a fixed number of sweeps would
+/// otherwise live on.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(10);
-/// Most sweeps after one early keeper death: each kills one more generation of orphans.
-const MAX_SWEEPS: usize = 1000;
+const SLOW_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+const FAST_SWEEPS: usize = 1000;
+/// How long the server, exiting, sweeps at most for strays still appearing.
+const EXIT_SWEEP_LIMIT: Duration = Duration::from_secs(5);
 
 /// Makes the server the subreaper of everything below its keepers, and starts watching for
 /// keepers their tree stopped. Called once, before the first keeper exists.
 pub(crate) fn become_subreaper() {
     watch_stopped_keepers();
+    exec_server_core::exit_hooks::at_exit(sweep_at_exit);
     // SAFETY: prctl with integer arguments changes a flag of this process only.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         let e = io::Error::last_os_error();
@@ -79,26 +88,60 @@ fn keepers() -> std::sync::MutexGuard<'static, Option<HashSet<libc::pid_t>>> {
     KEEPERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Sweeps until a sweep finds nothing, on the blocking pool (it reads `/proc`).
+/// Sweeps until a sweep finds nothing, on the blocking pool (it reads `/proc`). One loop
+/// at a time: a keeper death while it runs changes nothing.
 fn sweep_in_background() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SWEEPING: AtomicBool = AtomicBool::new(false);
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        for _ in 0..MAX_SWEEPS {
-            if sweep() == 0 {
-                return;
-            }
-            std::thread::sleep(SWEEP_INTERVAL);
-        }
+        sweep_until_clear(None);
         return;
     };
+    if SWEEPING.swap(true, Ordering::SeqCst) {
+        return;
+    }
     runtime.spawn(async {
-        for _ in 0..MAX_SWEEPS {
+        for round in 0.. {
             match tokio::task::spawn_blocking(sweep).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => tokio::time::sleep(SWEEP_INTERVAL).await,
+                Ok(0) | Err(_) => break,
+                Ok(_) => tokio::time::sleep(interval(round)).await,
+            }
+            if round == FAST_SWEEPS {
+                tracing::warn!("orphans of a killed keeper keep appearing; sweeping on");
             }
         }
-        tracing::warn!("orphans of a killed keeper were still appearing after the last sweep");
+        SWEEPING.store(false, Ordering::SeqCst);
+        // A keeper that died as the loop ended may have left strays it did not see.
+        if sweep() > 0 {
+            sweep_in_background();
+        }
     });
+}
+
+fn interval(round: usize) -> Duration {
+    if round < FAST_SWEEPS {
+        SWEEP_INTERVAL
+    } else {
+        SLOW_SWEEP_INTERVAL
+    }
+}
+
+/// Sweeps on this thread until a sweep finds nothing, or `limit` has passed.
+fn sweep_until_clear(limit: Option<Duration>) {
+    let start = std::time::Instant::now();
+    for round in 0.. {
+        if sweep() == 0 || limit.is_some_and(|limit| start.elapsed() >= limit) {
+            return;
+        }
+        std::thread::sleep(interval(round));
+    }
+}
+
+/// The server is exiting (its sessions ended, their keepers told to end their trees):
+/// ends every stray left, sweeping until none appears or [`EXIT_SWEEP_LIMIT`] has passed.
+/// A process the server leaves alive would be re-parented to pid 1.
+pub(crate) fn sweep_at_exit() {
+    sweep_until_clear(Some(EXIT_SWEEP_LIMIT));
 }
 
 /// Ends every stray child of the server with all its descendants, and reaps the strays
