@@ -85,6 +85,37 @@ impl FakeModel {
     }
 }
 
+/// The next HTTP/1.1 request of a connection: its request line and its body (by
+/// `content-length`); `None` at the end of the connection or past [`MAX_BODY_BYTES`].
+pub(super) async fn read_request(
+    read: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+) -> std::io::Result<Option<(String, Vec<u8>)>> {
+    let mut request_line = String::new();
+    if read.read_line(&mut request_line).await? == 0 {
+        return Ok(None);
+    }
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        read.read_line(&mut line).await?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    if length > MAX_BODY_BYTES {
+        return Ok(None);
+    }
+    let mut body = vec![0u8; length];
+    read.read_exact(&mut body).await?;
+    Ok(Some((request_line, body)))
+}
+
 /// Serves the requests of one connection (codex keeps connections alive).
 async fn serve(
     stream: tokio::net::TcpStream,
@@ -94,29 +125,9 @@ async fn serve(
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     loop {
-        let mut request_line = String::new();
-        if read.read_line(&mut request_line).await? == 0 {
+        let Some((request_line, body)) = read_request(&mut read).await? else {
             return Ok(());
-        }
-        let mut length = 0usize;
-        loop {
-            let mut line = String::new();
-            read.read_line(&mut line).await?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = value.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        if length > MAX_BODY_BYTES {
-            return Ok(());
-        }
-        let mut body = vec![0u8; length];
-        read.read_exact(&mut body).await?;
+        };
         let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let events = if request_line.starts_with("POST ") && request_line.contains("/responses") {
             let answered = carries_call_output(&request);

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
-use super::fake_model::{FakeModel, ToolCall, FINAL_TEXT};
+use super::fake_model::{read_request, FakeModel, ToolCall, FINAL_TEXT};
 use super::proxy::RecordingProxy;
 use super::{codex_bin, CodexHome};
 use crate::util::{server_command, WsServer};
@@ -63,26 +63,9 @@ async fn serve_mcp(
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     loop {
-        let mut request_line = String::new();
-        if read.read_line(&mut request_line).await? == 0 {
+        let Some((request_line, body)) = read_request(&mut read).await? else {
             return Ok(());
-        }
-        let mut length = 0usize;
-        loop {
-            let mut line = String::new();
-            read.read_line(&mut line).await?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = value.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0u8; length.min(1 << 20)];
-        read.read_exact(&mut body).await?;
+        };
         if !request_line.starts_with("POST /mcp") {
             write
                 .write_all(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")

@@ -91,6 +91,14 @@ async fn search(client: &mut Client, id: &str, root: &Path) -> Result<u64, Value
     }
 }
 
+/// A file the victim reads to show it is still served, in a directory of its own.
+fn victim_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("victim.txt");
+    std::fs::write(&file, b"still readable").unwrap();
+    (dir, file)
+}
+
 /// The reported attack: one client on six connections opens replace handles (two
 /// descriptors each) until refused. Before the budget it took 1,002 of the 1,024
 /// descriptors, and a victim connected earlier got "failed to spawn fs sandbox helper: Too
@@ -102,9 +110,7 @@ async fn replace_handles_from_many_connections_leave_the_victim_its_share() {
         return;
     }
     let server = server(Some(NOFILE), &[]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("victim.txt");
-    std::fs::write(&file, b"still readable").unwrap();
+    let (dir, file) = victim_file();
     let mut victim = client(&server).await;
     let mut hogs = Vec::new();
     for _ in 0..6 {
@@ -283,9 +289,7 @@ async fn http_streams_are_charged_and_end_with_their_connection() {
     )
     .await;
     let pid = crate::fair_share::pid(&server);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("victim.txt");
-    std::fs::write(&file, b"still readable").unwrap();
+    let (_dir, file) = victim_file();
     let mut victim = client(&server).await;
     let mut hogs = vec![client(&server).await, client(&server).await];
     let baseline = open_fds(pid);
@@ -358,9 +362,7 @@ async fn managed_network_connections_are_charged_to_the_session() {
         return;
     }
     let server = server(Some(NOFILE), &[]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("victim.txt");
-    std::fs::write(&file, b"still readable").unwrap();
+    let (_dir, file) = victim_file();
     let mut victim = client(&server).await;
     let mut hog = client(&server).await;
     let proxy = json!({"proxy": {"enabled": true, "enableSocks5": false,

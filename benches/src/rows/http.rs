@@ -102,45 +102,47 @@ async fn direct_rate(origin: &Origin, bytes: usize) -> f64 {
 }
 
 pub async fn http_request() -> Row {
-    let bytes = 32usize << 20;
-    let origin = Origin::start(bytes).await;
-    let floor = direct_rate(&origin, bytes).await;
-    let url = origin.url();
-    let server = WsProcess::exec_server(&[]).await;
-    let rate = buffered(&server.url, &url, bytes).await;
-    drop(server);
-    let peer = crate::peer::measure("http_request", move |codex| async move {
-        buffered(&codex.url, &url, bytes).await
-    })
-    .await;
-    Row {
-        key: "http_request",
-        what: "http/request of a 32 MiB body, buffered, decoded",
-        unit: Unit::BytesPerSecond,
-        median: rate,
-        p99: None,
-        floor: Some(floor),
-        target: "≥ 0.3× floor",
-        met: rate >= 0.3 * floor,
-        peer,
-    }
+    let what = "http/request of a 32 MiB body, buffered, decoded";
+    row("http_request", what, 32 << 20, Mode::Buffered).await
 }
 
 pub async fn http_stream() -> Row {
-    let bytes = 64usize << 20;
+    let what = "http/request of a 64 MiB body, streamed as bodyDelta, decoded";
+    row("http_stream", what, 64 << 20, Mode::Streamed).await
+}
+
+/// How a row asks for its body.
+#[derive(Clone, Copy)]
+enum Mode {
+    Buffered,
+    Streamed,
+}
+
+impl Mode {
+    async fn rate(self, server: &str, url: &str, bytes: usize) -> f64 {
+        match self {
+            Mode::Buffered => buffered(server, url, bytes).await,
+            Mode::Streamed => streamed(server, url, bytes).await,
+        }
+    }
+}
+
+/// One row: `bytes` from a local origin through our server and codex's, against the
+/// origin read directly.
+async fn row(key: &'static str, what: &'static str, bytes: usize, mode: Mode) -> Row {
     let origin = Origin::start(bytes).await;
     let floor = direct_rate(&origin, bytes).await;
     let url = origin.url();
     let server = WsProcess::exec_server(&[]).await;
-    let rate = streamed(&server.url, &url, bytes).await;
+    let rate = mode.rate(&server.url, &url, bytes).await;
     drop(server);
-    let peer = crate::peer::measure("http_stream", move |codex| async move {
-        streamed(&codex.url, &url, bytes).await
+    let peer = crate::peer::measure(key, move |codex| async move {
+        mode.rate(&codex.url, &url, bytes).await
     })
     .await;
     Row {
-        key: "http_stream",
-        what: "http/request of a 64 MiB body, streamed as bodyDelta, decoded",
+        key,
+        what,
         unit: Unit::BytesPerSecond,
         median: rate,
         p99: None,
