@@ -136,9 +136,11 @@ pub fn main(args: RunArgs, config: Option<&Path>) -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
+            // The error may quote the remote server's text: no line of its own.
+            let error = exec_server_proto::log_text::printable(&failure.error.to_string());
             match &failure.context {
-                Some(context) => eprintln!("exec-server run: {context}: {}", failure.error),
-                None => eprintln!("exec-server run: {}", failure.error),
+                Some(context) => eprintln!("exec-server run: {context}: {error}"),
+                None => eprintln!("exec-server run: {error}"),
             }
             ExitCode::from(failure.code)
         }

@@ -435,3 +435,38 @@ async fn switching_the_plugin_off_clears_both_flags() {
     assert_eq!(flags["capabilityDiscoverySandbox"], false);
     assert_eq!(flags["capabilityDiscoveryV2"], false);
 }
+
+/// What a plugin's manifest lends every skill (its name, in `<plugin>:<skill>`) counts
+/// against the answer's budget: a 200 KB name and 200 empty skills made a 40 MB answer of
+/// a 1 MiB budget (the attack pass reached 315 MB, and 3 GB with more skills).
+#[tokio::test]
+async fn names_a_manifest_lends_its_skills_are_charged() {
+    let tree = Tree::new();
+    let plugin = "home/.codex/plugins/cache/m/p/1";
+    let name = "n".repeat(200_000);
+    tree.write(
+        &format!("{plugin}/.codex-plugin/plugin.json"),
+        &format!("{{\"name\":\"{name}\"}}"),
+    );
+    for i in 0..200 {
+        tree.write(&format!("{plugin}/skills/s{i}/SKILL.md"), "---\n---\n");
+    }
+    let mut command = command_with_home(&tree, "stdio");
+    command.env("EXEC_SERVER_CAPABILITIES__MAX_TOTAL_BYTES", "1048576");
+    let mut client = Client::stdio_with(command);
+    client.handshake().await;
+    let result = client
+        .call(
+            "capabilities/discoverV2",
+            json!({"cwd": tree.uri("home"), "sandbox": null}),
+        )
+        .await;
+    let size = serde_json::to_vec(&result).unwrap().len();
+    assert!(size < 1_200_000, "a 1 MiB budget answered {size} bytes");
+    let skills = result["plugins"][0]["skills"].as_array().unwrap().len();
+    assert!((1..200).contains(&skills), "{skills} skills");
+    assert!(result["warnings"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("capability discovery size limit reached")));
+}

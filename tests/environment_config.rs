@@ -375,3 +375,49 @@ async fn switched_off_read_clears_its_flag() {
         "method `environmentConfig/read` is disabled on this server",
     );
 }
+
+/// A `cwd` deep in a trusted repository whose every level has a project layer (here one
+/// layer reached through many links) is read within `environment.config_max_total_bytes`:
+/// past it the request fails, instead of reading and parsing the same megabytes again for
+/// every level (the attack pass's 2,000 levels took 5.8 GB).
+#[tokio::test]
+async fn layers_are_read_within_a_total_budget() {
+    let layout = Layout::new();
+    let big = format!("a = [{}0]\n", "0,".repeat(200_000));
+    layout.write("repo/.codex/config.toml", &big);
+    let mut deep = layout.path("repo");
+    for _ in 0..8 {
+        deep.push("l");
+        std::fs::create_dir_all(&deep).unwrap();
+        std::os::unix::fs::symlink(layout.path("repo/.codex"), deep.join(".codex")).unwrap();
+    }
+    let mut command = layout.command("stdio");
+    command.env("EXEC_SERVER_ENVIRONMENT__CONFIG_MAX_TOTAL_BYTES", "2000000");
+    let mut client = Client::stdio_with(command);
+    client.handshake().await;
+    let cwd = format!("file://{}", deep.display());
+    let error = client
+        .call_err(
+            "environmentConfig/read",
+            params(&cwd, json!([["a"]]), json!([])),
+        )
+        .await;
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("(environment.config_max_total_bytes)"),
+        "{error}"
+    );
+    // Within the budget the same layers are read as before.
+    let shallow = layout.uri("repo/l");
+    let result = client
+        .call(
+            "environmentConfig/read",
+            params(&shallow, json!([["a"]]), json!([])),
+        )
+        .await;
+    assert_eq!(
+        result["config"]["layers"].as_array().unwrap().len(),
+        2,
+        "{result}"
+    );
+}

@@ -565,15 +565,15 @@ async fn route(shared: &Arc<Shared>, text: &str) {
             match id.as_i64() {
                 Some(-1) => {
                     if let Err(error) = result {
-                        tracing::warn!(%error, "exec-server reported a protocol error");
+                        tracing::warn!(?error, "exec-server reported a protocol error");
                     }
                 }
                 Some(id) => response(shared, id, result).await,
-                None => tracing::debug!(%id, "ignoring a response to an id this client never uses"),
+                None => tracing::debug!(?id, "ignoring a response to an id this client never uses"),
             }
         }
         (Some(_), Some(method)) => {
-            tracing::debug!(%method, "ignoring a request from the server");
+            tracing::debug!(?method, "ignoring a request from the server");
         }
         (None, None) => tracing::debug!("ignoring a message with neither id nor method"),
     }
@@ -626,7 +626,7 @@ async fn caught_up(
                 )))
             }
             Err(error) => {
-                tracing::warn!(process = process_id, %error, "catch-up read failed");
+                tracing::warn!(process = process_id, ?error, "catch-up read failed");
                 None
             }
         }

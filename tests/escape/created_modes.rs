@@ -720,10 +720,12 @@ async fn copies_of_another_users_set_id_programs_never_become_roots() {
         copy(&mut client, &path.join("tree"), &tree, sandbox)
             .await
             .unwrap();
+        // Root's copy: no set-id bits, and the group's bits (meant for uid 65534's
+        // group, not root's) stay off too.
         for copied in [file, tree.join("program")] {
             let meta = std::fs::metadata(&copied).unwrap();
             assert_eq!(meta.uid(), 0, "{copied:?}");
-            assert_eq!(meta.mode() & 0o7777, 0o755, "{copied:?} kept set-id bits");
+            assert_eq!(meta.mode() & 0o7777, 0o705, "{copied:?} kept set-id bits");
         }
     }
 }
@@ -769,6 +771,20 @@ fn set_acl(path: &Path, acl: &[u8]) -> bool {
     }
     assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
     true
+}
+
+/// Removes the access ACL of `path`.
+fn remove_acl(path: &Path) {
+    let path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = CString::new(ACCESS_ACL).unwrap();
+    // SAFETY: both strings are NUL-terminated.
+    let removed = unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) };
+    assert_eq!(
+        removed,
+        0,
+        "removexattr: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// The access ACL of `path`, if it has one.
@@ -847,4 +863,152 @@ async fn a_new_version_another_user_could_write_gets_no_set_id_bits() {
     std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o2755)).unwrap();
     replace(&mut client, "own", &own, "#!/bin/sh\necho v2\n").await;
     assert_eq!(std::fs::metadata(&own).unwrap().mode() & 0o7777, 0o2755);
+}
+
+const DEFAULT_ACL: &str = "system.posix_acl_default";
+
+/// Sets a directory's default ACL (what new files in it inherit) to the same entries as
+/// [`acl_denying_the_owning_group`] but granting `reader` `perm`; false where the file
+/// system keeps no ACLs.
+fn set_default_acl(dir: &Path, reader: u32, perm: u16) -> bool {
+    let mut acl = acl_denying_the_owning_group(reader);
+    // The named user's entry is the second: tag, then its permissions.
+    acl[4 + 8 + 2..4 + 8 + 4].copy_from_slice(&perm.to_le_bytes());
+    // Its mask (the fourth entry) lets the named entry through.
+    acl[4 + 24 + 2..4 + 24 + 4].copy_from_slice(&7u16.to_le_bytes());
+    let path = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let name = CString::new(DEFAULT_ACL).unwrap();
+    // SAFETY: both strings are NUL-terminated and `acl` is valid for its length.
+    let set = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            acl.as_ptr().cast(),
+            acl.len(),
+            0,
+        )
+    };
+    if set != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return false;
+    }
+    assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
+    true
+}
+
+/// A directory whose default ACL grants uid 65534 read and write: a file the server makes
+/// there (a copy, a new version) would inherit that entry, and the source's or the
+/// target's mode would only set its mask. Copies and new versions lose what they
+/// inherited: their modes alone say who may read them. An existing destination whose own
+/// ACL grants more than the source loses it before the source's content is written.
+#[tokio::test]
+async fn nothing_inherited_or_left_over_grants_what_the_source_denied() {
+    let (_keep, path) = shared_dir(&secret());
+    let inheriting = path.join("inheriting");
+    std::fs::create_dir(&inheriting).unwrap();
+    if !set_default_acl(&inheriting, NOBODY, 6) {
+        eprintln!("SKIP: this file system keeps no ACLs");
+        return;
+    }
+    let source = path.join("source");
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let target = inheriting.join("target");
+    std::fs::write(&target, "old").unwrap();
+    // The target itself has no ACL (it inherited one when the test made it).
+    remove_acl(&target);
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let existing = path.join("existing");
+    std::fs::write(&existing, "old").unwrap();
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let mut open_to_nobody = acl_denying_the_owning_group(NOBODY);
+    open_to_nobody[4 + 8 + 2..4 + 8 + 4].copy_from_slice(&6u16.to_le_bytes());
+    open_to_nobody[4 + 24 + 2..4 + 24 + 4].copy_from_slice(&6u16.to_le_bytes());
+    assert!(set_acl(&existing, &open_to_nobody));
+    let mut client = server(None).await;
+    // The replaced file had no ACL of its own: the new version has none either.
+    replace(&mut client, "inherit", &target, "new version").await;
+    assert_eq!(
+        acl_of(&target),
+        None,
+        "the new version kept an inherited ACL"
+    );
+    assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, 0o640);
+    let mut copies = vec![None];
+    let policy = landlock_available().then(|| helper_policy(&path));
+    if let Some(policy) = &policy {
+        copies.push(Some(policy));
+    }
+    for (i, sandbox) in copies.into_iter().enumerate() {
+        for to in [inheriting.join(format!("copy-{i}")), existing.clone()] {
+            copy(&mut client, &source, &to, sandbox).await.unwrap();
+            assert_eq!(acl_of(&to), None, "{to:?} grants uid 65534 through an ACL");
+            assert_eq!(
+                std::fs::metadata(&to).unwrap().mode() & 0o777,
+                0o640,
+                "{to:?}"
+            );
+        }
+    }
+}
+
+/// A root server copying into a set-group-id directory: the copy takes the directory's
+/// group, and the source's group bits were meant for the source's group; they stay off.
+/// A copy onto an existing file never gets set-id bits: anyone who could write the file
+/// before may still hold it open for writing, and would write under them.
+#[tokio::test]
+async fn copies_give_another_group_or_an_old_writer_nothing() {
+    if !is_root() {
+        eprintln!("SKIP: needs root to own files as another user");
+        return;
+    }
+    let (_keep, path) = shared_dir(&secret());
+    let source = path.join("source");
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let shared = path.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::os::unix::fs::chown(&shared, None, Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o2775)).unwrap();
+    let program = path.join("program");
+    std::fs::write(&program, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let old = path.join("old");
+    std::fs::write(&old, "old").unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let mut client = server(None).await;
+    let policy = helper_policy(&path);
+    let mut sandboxes = vec![None];
+    if landlock_available() {
+        sandboxes.push(Some(&policy));
+    }
+    for (i, sandbox) in sandboxes.into_iter().enumerate() {
+        let to = shared.join(format!("copy-{i}"));
+        copy(&mut client, &source, &to, sandbox).await.unwrap();
+        let meta = std::fs::metadata(&to).unwrap();
+        assert_eq!(meta.gid(), NOBODY);
+        assert_eq!(
+            meta.mode() & 0o7777,
+            0o600,
+            "the directory's group got the source's"
+        );
+        copy(&mut client, &program, &old, sandbox).await.unwrap();
+        let mode = std::fs::metadata(&old).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o755, "an existing destination became set-user-id");
+    }
+}
+
+/// Permissions narrowed by the owner between `fs/open` and `fs/close` stay narrowed: the
+/// new version takes the target's permissions as they are when it is put in place.
+#[tokio::test]
+async fn a_replace_takes_the_permissions_the_target_has_at_close() {
+    let (_keep, path) = shared_dir(&secret());
+    let target = path.join("source");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut client = server(None).await;
+    let open = json!({"handleId": "late", "path": uri(&target), "mode": "replace"});
+    client.call("fs/open", open).await;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let block = json!({"handleId": "late", "offset": 0, "chunk": b64("v2")});
+    client.call("fs/writeBlock", block).await;
+    client.call("fs/close", json!({"handleId": "late"})).await;
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "v2");
+    assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, 0o600);
 }

@@ -15,7 +15,7 @@ use exec_server_core::Call;
 use exec_server_sandbox::policy::SandboxDecision;
 
 use crate::frontmatter;
-use crate::scan::{skill_files, AnswerBudget, Reader, BUDGET_SLACK};
+use crate::scan::{json_len, skill_files, AnswerBudget, Reader, BUDGET_SLACK};
 use crate::source::{Kind, Listing, Source};
 use crate::wire::{
     DiscoverV2Params, DiscoverV2Result, DiscoveryRoot, ExecutorPlugin, ExecutorSkill,
@@ -81,8 +81,11 @@ pub(crate) async fn handle(
         };
         for skill in skill_files(&listing, &dir) {
             if let Some(mut skill) = describe_skill(&mut reader, skill, None).await {
-                skill.discovery_root = Some(root.clone());
-                result.skills.push(skill);
+                // Each skill names its discovery root again.
+                if reader.charge(json_len(root.id) + json_len(&root.path)) {
+                    skill.discovery_root = Some(root.clone());
+                    result.skills.push(skill);
+                }
             }
         }
     }
@@ -159,6 +162,13 @@ async fn plugins(reader: &mut Reader<'_>, cache: &Path) -> Vec<ExecutorPlugin> {
             .as_str()
             .unwrap_or(&version_dir)
             .to_owned();
+        let root_uri = to_file_uri(&root);
+        // The manifest was charged once as a file; its name, display name and version
+        // are copied into the plugin's fields (and its name into every skill's).
+        let copied = 2 * json_len(&name) + json_len(&display_name) + json_len(&version);
+        if !reader.charge(copied + json_len(&marketplace) + json_len(&root_uri)) {
+            continue;
+        }
         let mut skills = Vec::new();
         for skill in skill_files(&listing, &root) {
             if let Some(skill) = describe_skill(reader, skill, Some(&name)).await {
@@ -170,7 +180,7 @@ async fn plugins(reader: &mut Reader<'_>, cache: &Path) -> Vec<ExecutorPlugin> {
             display_name,
             remote_plugin_id: None,
             version,
-            root: to_file_uri(&root),
+            root: root_uri,
             files,
             skills,
         });
@@ -197,7 +207,7 @@ async fn describe_skill(
         .and_then(|n| n.to_str())
         .unwrap_or_default();
     let name = front.get("name").unwrap_or(directory);
-    Some(ExecutorSkill {
+    let skill = ExecutorSkill {
         name: match plugin {
             Some(plugin) => format!("{plugin}:{name}"),
             None => name.to_owned(),
@@ -208,7 +218,14 @@ async fn describe_skill(
         discovery_root: None,
         dependencies: None,
         policy: None,
-    })
+    };
+    // Its file was charged as read; what the answer holds of it is charged again, the
+    // plugin's name it carries included.
+    let fields = json_len(&skill.name)
+        + json_len(&skill.description)
+        + skill.short_description.as_deref().map_or(0, json_len)
+        + json_len(&skill.path);
+    reader.charge(fields).then_some(skill)
 }
 
 /// Dotted versions compared part by part, numerically where both parts are numbers.

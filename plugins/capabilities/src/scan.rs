@@ -97,6 +97,17 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// Charges `bytes` of the answer that no file read accounts for (names a plugin's
+    /// manifest lends each of its skills, say); false (with the warning) when they do not
+    /// fit, and the entry they belong to is left out.
+    pub(crate) fn charge(&mut self, bytes: u64) -> bool {
+        if self.budget.take(bytes.saturating_add(FILE_OVERHEAD)) {
+            return true;
+        }
+        self.warn(SIZE_LIMIT_REACHED.to_owned());
+        false
+    }
+
     pub(crate) async fn text_file(&mut self, path: &Path) -> Option<TextFile> {
         let limit = self.config.max_file_bytes.min(self.budget.remaining());
         match self.source.read(path, limit).await {

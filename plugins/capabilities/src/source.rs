@@ -275,7 +275,8 @@ pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File, String> {
 }
 
 /// Depth-first walk that never follows a symbolic link and stops after `max_entries`
-/// entries, below `max_depth` levels, or once the listing holds its limit of paths.
+/// entries, below `max_depth` levels, or once the listing and the directories still to
+/// read hold its limit of paths.
 fn walk_direct(root: &Path, config: &CapabilitiesConfig) -> Listing {
     let limit = listing_limit(config);
     let mut listing = Listing::default();
@@ -300,7 +301,8 @@ fn walk_direct(root: &Path, config: &CapabilitiesConfig) -> Listing {
                 continue;
             };
             if kind.is_dir() {
-                if depth + 1 < config.max_depth {
+                // Directories waiting to be read hold their paths too.
+                if depth + 1 < config.max_depth && listing.hold(&entry.path(), limit) {
                     stack.push((entry.path(), depth + 1));
                 } else {
                     listing.truncated = true;

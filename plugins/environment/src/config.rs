@@ -17,6 +17,9 @@ pub struct EnvironmentConfig {
     /// Largest codex configuration file `environmentConfig/read` reads; a larger one
     /// fails the request.
     pub config_max_file_bytes: u64,
+    /// Codex configuration files one `environmentConfig/read` reads in all (every layer
+    /// together); past it the request fails.
+    pub config_max_total_bytes: u64,
 }
 
 impl Default for EnvironmentConfig {
@@ -24,6 +27,7 @@ impl Default for EnvironmentConfig {
         Self {
             codex_system_dir: PathBuf::from(DEFAULT_SYSTEM_DIR),
             config_max_file_bytes: 4 * 1024 * 1024,
+            config_max_total_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -32,7 +36,10 @@ impl CheckedSection for EnvironmentConfig {
     fn check(&self, source: &ConfigSource, table: &str) -> Result<(), ConfigError> {
         source.require_positive(
             table,
-            &[("config_max_file_bytes", self.config_max_file_bytes)],
+            &[
+                ("config_max_file_bytes", self.config_max_file_bytes),
+                ("config_max_total_bytes", self.config_max_total_bytes),
+            ],
         )?;
         if !self.codex_system_dir.is_absolute() {
             return Err(source.invalid(

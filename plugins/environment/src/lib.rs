@@ -48,6 +48,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let settings = Arc::new(config_read::Reads::new(config_read::ReadSettings {
         system_dir: config.codex_system_dir,
         max_file_bytes: config.config_max_file_bytes,
+        max_total_bytes: config.config_max_total_bytes,
     }));
     install.capability(capability::ENVIRONMENT_CONFIG_READ, &[CONFIG_READ]);
     install.method_with(CONFIG_READ, &settings, config_read::handle);

@@ -80,6 +80,20 @@ impl Acl {
     }
 }
 
+/// Removes `file`'s access ACL, if it has one: its mode alone then says who may use it
+/// (the group's bits become the owning group's, from the mask).
+pub(crate) fn remove(file: &File) -> io::Result<()> {
+    // Only where there is one: removing needs ownership even when there is nothing to
+    // remove, and a copy may write into a file the server may write but does not own.
+    if Acl::of(file)?.is_none() {
+        return Ok(());
+    }
+    match rustix::fs::fremovexattr(file, ACCESS_ACL) {
+        Ok(()) | Err(rustix::io::Errno::NODATA | rustix::io::Errno::OPNOTSUPP) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// The mode a copy of `source` (open, with mode `mode`) may have: with an ACL, its group
 /// bits are the owning group's own, not the mask; an ACL that cannot be read leaves the
 /// group nothing.

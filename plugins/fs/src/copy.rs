@@ -177,12 +177,19 @@ fn copy_file(source: &Path, destination: &Path, deadline: &Deadline) -> Result<C
     if !from_meta.is_file() {
         return Ok(Copied::NotARegularFile);
     }
-    let mut options = OpenOptions::new();
-    // Born no wider than the source, never `0666 & ~umask` first (SECURITY.md).
-    let source_mode = crate::acl::copy_mode(&from, from_meta.mode()).or_rpc()?;
-    let mode = created_modes::copy_creation_mode(source_mode);
-    options.write(true).create(true).mode(mode.bits());
-    let to = nonblocking::open(destination, &mut options, true).or_rpc()?;
+    // Born with the source's owner bits only, never `0666 & ~umask` first (SECURITY.md).
+    let mode = created_modes::copy_creation_mode(from_meta.mode());
+    let mut create = OpenOptions::new();
+    create.write(true).create_new(true).mode(mode.bits());
+    let to = match nonblocking::open(destination, &mut create, true) {
+        Ok(to) => (to, true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let mut existing = OpenOptions::new();
+            let to = nonblocking::open(destination, existing.write(true), true).or_rpc()?;
+            (to, false)
+        }
+        Err(e) => return Err(RpcError::from_io(&e)),
+    };
     copy_opened(from, to, deadline)?;
     Ok(Copied::Yes)
 }

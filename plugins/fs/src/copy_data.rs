@@ -11,15 +11,17 @@ use crate::blocking::{Deadline, IoResultExt};
 use crate::{created_modes, nonblocking, stream_write};
 
 /// [`copy_file`] between opened files (both opened without waiting on a FIFO; `from` a
-/// regular file; `to`, if the copy created it, created with
-/// [`created_modes::copy_creation_mode`]). An existing destination wider than the source is
-/// narrowed before any content is written, and the source's mode (set-id bits included) is
-/// given only once all of it is in. A destination that is a FIFO or device is written as
+/// regular file; `to`, if the copy `created` it, created with
+/// [`created_modes::copy_creation_mode`]). Before any content is written `to` loses any
+/// access ACL and gets the permission bits it may have ([`created_modes::prepare_copy`]:
+/// an existing destination is narrowed to what both allow); the source's mode (set-id
+/// bits included, where nobody else could have written the copy) is given only once all
+/// of it is in. A destination that is a FIFO or device is written as
 /// its reader makes room, for at most [`crate::blocking::PEER_WAIT_IN_SLOT`] in all (the copy holds a shared
 /// slot) and never past `deadline`.
 pub(crate) fn copy_opened(
     mut from: File,
-    mut to: File,
+    (mut to, created): (File, bool),
     deadline: &Deadline,
 ) -> Result<(), RpcError> {
     nonblocking::make_blocking(&from).or_rpc()?;
@@ -34,20 +36,15 @@ pub(crate) fn copy_opened(
     nonblocking::make_blocking(&to).or_rpc()?;
     // The source's mode, its group bits the owning group's own where an ACL made them a
     // mask: the copy takes no ACL.
-    let source_mode = crate::acl::copy_mode(&from, from_meta.mode()).or_rpc()?;
-    if to_meta.is_file() {
-        created_modes::narrow_before_copy(&to, to_meta.mode(), source_mode).or_rpc()?;
-        to.set_len(0).or_rpc()?;
-    }
+    let source = created_modes::Owner {
+        mode: crate::acl::copy_mode(&from, from_meta.mode()).or_rpc()?,
+        uid: from_meta.uid(),
+        gid: from_meta.gid(),
+    };
+    created_modes::prepare_copy(&to, created, to_meta.mode(), source).or_rpc()?;
+    to.set_len(0).or_rpc()?;
     io::copy(&mut from, &mut to).or_rpc()?;
-    if to_meta.is_file() {
-        let source = created_modes::Owner {
-            mode: source_mode,
-            uid: from_meta.uid(),
-            gid: from_meta.gid(),
-        };
-        created_modes::finish_copy(&to, source).or_rpc()?;
-    }
+    created_modes::finish_copy(&to, source, created).or_rpc()?;
     Ok(())
 }
 

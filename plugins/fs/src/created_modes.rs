@@ -27,10 +27,35 @@ pub(crate) const NEW_FILE_MODE: u32 = 0o666;
 /// The same for a new directory, as `mkdir -p` does.
 pub(crate) const NEW_DIRECTORY_MODE: u32 = 0o777;
 
-/// The mode to create a copy of a file whose mode is `source_mode` with: its permission
-/// bits and no set-id bits, which [`finish_copy`] adds once the content is written.
+/// The mode to create a copy of a file whose mode is `source_mode` with: only its owner
+/// bits. The copy's group (a set-group-id directory gives its own) and any ACL it inherits
+/// from its directory are known only once it exists; [`prepare_copy`] then gives it the
+/// rest of its permission bits, before any content is written, and [`finish_copy`] its
+/// set-id bits once all of it is in.
 pub(crate) fn copy_creation_mode(source_mode: u32) -> Mode {
-    Mode::from_raw_mode(source_mode & PERMISSION_BITS)
+    Mode::from_raw_mode(source_mode & OWNER_BITS)
+}
+
+/// Before a copy writes into `to`: removes any access ACL `to` has (one inherited from its
+/// directory's default ACL, or an existing file's own), so that its mode alone says who may
+/// read it; then gives a copy it `created` its permission bits, and narrows an existing
+/// file (mode `to_mode`) to what both it and the source allow. The group's bits are the
+/// source's only where `to` has the source's group.
+pub(crate) fn prepare_copy(
+    to: &File,
+    created: bool,
+    to_mode: u32,
+    source: Owner,
+) -> io::Result<()> {
+    crate::acl::remove(to)?;
+    let mut bits = source.mode & PERMISSION_BITS;
+    if rustix::fs::fstat(to)?.st_gid != source.gid {
+        bits &= !GROUP_BITS;
+    }
+    if created {
+        return rustix::fs::fchmod(to, Mode::from_raw_mode(bits)).map_err(io::Error::from);
+    }
+    narrow_before_copy(to, to_mode, bits)
 }
 
 /// Before a copy writes into an existing file `to` (mode `to_mode`), narrows it to what
@@ -46,13 +71,30 @@ pub(crate) fn narrow_before_copy(to: &File, to_mode: u32, source_mode: u32) -> i
     rustix::fs::fchmod(to, Mode::from_raw_mode(narrowed)).map_err(io::Error::from)
 }
 
-/// Gives a copy the source's mode once all of its content is in. Set-id bits only come
-/// along where the copy has the source's owner (set-user-id) or group (set-group-id), as
-/// `cp` does: a set-user-id program of another user copied by a root server would
-/// otherwise become a set-user-id *root* program.
-pub(crate) fn finish_copy(to: &File, source: Owner) -> io::Result<()> {
-    let mode = owned_bits(to, source)?;
+/// Gives a copy the source's mode once all of its content is in, the group's bits only
+/// where it has the source's group. Set-id bits only come along where the copy has the
+/// source's owner (set-user-id) or group (set-group-id), as `cp` does (a set-user-id
+/// program of another user copied by a root server would otherwise become a set-user-id
+/// *root* program), and only where nobody else could have written the content: the copy
+/// made the file (`created`; an existing file may be held open for writing by anyone who
+/// could once write it), it is the server's user's, and neither its group nor others may
+/// write it.
+pub(crate) fn finish_copy(to: &File, source: Owner, created: bool) -> io::Result<()> {
+    let stat = rustix::fs::fstat(to)?;
+    let mut mode = owned_bits(to, source)?;
+    if stat.st_gid != source.gid {
+        mode &= !GROUP_BITS;
+    }
+    if !created || written_by_others(&stat, mode) {
+        mode &= !(SET_USER_ID | SET_GROUP_ID);
+    }
     rustix::fs::fchmod(to, Mode::from_raw_mode(mode)).map_err(io::Error::from)
+}
+
+/// Whether someone other than the server's user could have written the file `stat`
+/// describes, were it given the permission bits of `mode`.
+fn written_by_others(stat: &rustix::fs::Stat, mode: u32) -> bool {
+    stat.st_uid != rustix::process::geteuid().as_raw() || mode & (GROUP_WRITE | OTHER_WRITE) != 0
 }
 
 /// Whose a file was, and with which mode: what a copy or a new version may take over.
@@ -113,9 +155,12 @@ pub(crate) fn adopt(file: &File, existing: Owner, acl: Option<&Acl>) -> io::Resu
     let stat = rustix::fs::fstat(file)?;
     let same_owner = (stat.st_uid, stat.st_gid) == (existing.uid, existing.gid);
     if let (Some(acl), true) = (acl, same_owner) {
-        // One call sets the owner's, the group's and the others' bits and the mask.
+        // One call sets the owner's, the group's and the others' bits and the mask, and
+        // replaces whatever the new version inherited from its directory.
         return acl.apply(file);
     }
+    // An ACL inherited from the directory's default ACL would keep its named entries.
+    crate::acl::remove(file)?;
     let mut mode = crate::acl::mode_without_mask(acl, existing.mode) & PERMISSION_BITS;
     if stat.st_gid != existing.gid {
         mode &= !GROUP_BITS;
@@ -139,9 +184,7 @@ pub(crate) fn restore_set_id(file: &File, existing: Owner) -> io::Result<()> {
     let current = stat.st_mode & PERMISSION_BITS;
     // Keep what `adopt` took away from the group's bits.
     mode = (mode & !PERMISSION_BITS) | current;
-    let writable_by_others = stat.st_uid != rustix::process::geteuid().as_raw()
-        || current & (GROUP_WRITE | OTHER_WRITE) != 0;
-    if writable_by_others {
+    if written_by_others(&stat, current) {
         mode &= !(SET_USER_ID | SET_GROUP_ID);
     }
     rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from)
@@ -165,8 +208,11 @@ mod tests {
     fn creation_modes_are_never_wider_than_the_final_ones() {
         for mode in [0o600, 0o640, 0o755, 0o4755, 0o2750, 0o1777, 0o000] {
             let copy = copy_creation_mode(mode).bits();
-            assert_eq!(copy & !mode, 0, "copy of {mode:o} created {copy:o}");
-            assert_eq!(copy & !PERMISSION_BITS, 0, "set-id at creation: {copy:o}");
+            assert_eq!(
+                copy & !(mode & OWNER_BITS),
+                0,
+                "copy of {mode:o} created {copy:o}"
+            );
             let replacement = replacement_creation_mode(Some(mode)).bits();
             assert_eq!(replacement & !(mode & OWNER_BITS), 0, "{replacement:o}");
         }
@@ -186,8 +232,16 @@ mod tests {
         assert_eq!(mode_of(&file), 0o600);
         let (uid, gid) = ids();
         let source = |mode| Owner { mode, uid, gid };
-        finish_copy(&file, source(0o100644)).unwrap();
+        finish_copy(&file, source(0o100644), false).unwrap();
         assert_eq!(mode_of(&file), 0o644);
+        // An existing file never gets set-id bits: it may be held open for writing.
+        finish_copy(&file, source(0o104755), false).unwrap();
+        assert_eq!(mode_of(&file), 0o755);
+        finish_copy(&file, source(0o104755), true).unwrap();
+        assert_eq!(mode_of(&file), 0o4755);
+        // Nor one its group or others may write.
+        finish_copy(&file, source(0o102775), true).unwrap();
+        assert_eq!(mode_of(&file), 0o775);
     }
 
     fn ids() -> (u32, u32) {
@@ -222,10 +276,11 @@ mod tests {
             uid: uid.wrapping_add(1),
             gid: gid.wrapping_add(1),
         };
-        finish_copy(&file, foreign).unwrap();
-        assert_eq!(mode_of(&file), 0o755);
+        finish_copy(&file, foreign, true).unwrap();
+        // Another group's bits are not for this file's group either.
+        assert_eq!(mode_of(&file), 0o705);
         let own_group = Owner { gid, ..foreign };
-        finish_copy(&file, own_group).unwrap();
+        finish_copy(&file, own_group, true).unwrap();
         assert_eq!(mode_of(&file), 0o2755);
     }
 }

@@ -109,7 +109,8 @@ impl ReplaceFile {
         if *committed {
             return Ok(());
         }
-        if let Some(existing) = self.existing {
+        if let Some(snapshot) = self.existing {
+            let existing = self.readopt().or_rpc()?.unwrap_or(snapshot);
             created_modes::restore_set_id(&self.temp, existing).or_rpc()?;
         }
         self.temp.sync_all().or_rpc()?;
@@ -123,6 +124,30 @@ impl ReplaceFile {
                 .or_rpc()?;
         }
         Ok(())
+    }
+
+    /// Gives the new version the target's owner and permissions as they are now, if the
+    /// target is still a regular file: an owner who narrowed them (or put another file
+    /// there) since `fs/open` must not see them widened back by the replace. Returns the
+    /// owner and mode it took.
+    fn readopt(&self) -> io::Result<Option<created_modes::Owner>> {
+        let flags = AtFlags::SYMLINK_NOFOLLOW;
+        let now = match rustix::fs::statat(&self.dir, &self.target_name, flags) {
+            Ok(now) => now,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        if FileType::from_raw_mode(now.st_mode) != FileType::RegularFile {
+            return Ok(None);
+        }
+        let owner = created_modes::Owner {
+            mode: now.st_mode,
+            uid: now.st_uid,
+            gid: now.st_gid,
+        };
+        let acl = target_acl(&self.dir, &self.target_name, &now)?;
+        created_modes::adopt(&self.temp, owner, acl.as_ref())?;
+        Ok(Some(owner))
     }
 
     fn read_lock(&self) -> RwLockReadGuard<'_, bool> {

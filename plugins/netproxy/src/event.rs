@@ -53,13 +53,37 @@ impl PolicyEvent {
     }
 }
 
+/// `json` with the Unicode line and paragraph separators escaped (`\u2028`, still JSON):
+/// serde leaves them as they are, and a log reader that splits lines on them would see a
+/// line the peer wrote (a host name is the child's text).
+fn one_line(json: String) -> String {
+    json.replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
+}
+
 /// Logs the event (info for allow, warn otherwise) and hands it to the sink.
 pub(crate) fn report(sink: &EventSink, event: PolicyEvent) {
-    let json = serde_json::to_string(&event).unwrap_or_default();
+    let json = one_line(serde_json::to_string(&event).unwrap_or_default());
     if event.decision == Verdict::Allow {
         tracing::info!(target: "codex.network_proxy.policy_decision", "{json}");
     } else {
         tracing::warn!(target: "codex.network_proxy.policy_decision", "CODEX_NETWORK_POLICY_VIOLATION {json}");
     }
     sink(event);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_host_cannot_start_a_log_line_of_its_own() {
+        let host = "evil.test\u{2028}2026-01-01T00:00:00Z  INFO forged\u{2029}";
+        let json = serde_json::to_string(&serde_json::json!({ "host": host })).unwrap();
+        let line = super::one_line(json);
+        assert!(
+            !line.contains('\u{2028}') && !line.contains('\u{2029}'),
+            "{line}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["host"], host);
+    }
 }

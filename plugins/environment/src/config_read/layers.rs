@@ -82,7 +82,7 @@ enum Kind {
 pub(crate) fn config_layers(
     layout: &CodexLayout,
     cwd: &Path,
-    limits: &ReadSettings,
+    limits: &LayerBudget<'_>,
 ) -> Result<Vec<SourceLayer>, RpcError> {
     let mut layers = Vec::new();
     let system = layout.system_dir.join("config.toml");
@@ -131,7 +131,7 @@ pub(crate) fn config_layers(
 /// The requirements stack.
 pub(crate) fn requirements_layers(
     layout: &CodexLayout,
-    limits: &ReadSettings,
+    limits: &LayerBudget<'_>,
 ) -> Result<Vec<SourceLayer>, RpcError> {
     let file = layout.system_dir.join("requirements.toml");
     Ok(load(&file, Kind::Requirements, limits)?
@@ -193,8 +193,43 @@ fn has_git_marker(dir: &Path) -> bool {
     }
 }
 
+/// What one read may still load: every layer counts against
+/// `environment.config_max_total_bytes`, so a `cwd` deep in a tree of project layers (or of
+/// links to one large layer) cannot make one request read and parse without end.
+pub(crate) struct LayerBudget<'a> {
+    pub(crate) settings: &'a ReadSettings,
+    left: std::cell::Cell<u64>,
+}
+
+impl<'a> LayerBudget<'a> {
+    pub(crate) fn new(settings: &'a ReadSettings) -> Self {
+        Self {
+            settings,
+            left: std::cell::Cell::new(settings.max_total_bytes),
+        }
+    }
+
+    /// Takes `bytes` for the layer at `path`, or fails the read.
+    fn spend(&self, bytes: u64, path: &Path, project: bool) -> Result<(), RpcError> {
+        match self.left.get().checked_sub(bytes) {
+            Some(left) => {
+                self.left.set(left);
+                Ok(())
+            }
+            None => {
+                let limit = self.settings.max_total_bytes;
+                Err(wire::read_error(path, project, wire::too_much(limit)))
+            }
+        }
+    }
+}
+
 /// Reads and parses one layer file: `None` when it does not exist.
-fn load(path: &Path, kind: Kind, limits: &ReadSettings) -> Result<Option<toml::Table>, RpcError> {
+fn load(
+    path: &Path,
+    kind: Kind,
+    limits: &LayerBudget<'_>,
+) -> Result<Option<toml::Table>, RpcError> {
     let project = kind == Kind::Project;
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,
@@ -204,8 +239,9 @@ fn load(path: &Path, kind: Kind, limits: &ReadSettings) -> Result<Option<toml::T
     if !metadata.is_file() {
         return Err(wire::read_error(path, project, wire::not_a_file(path)));
     }
-    let too_large = || wire::read_error(path, project, wire::too_large(limits.max_file_bytes));
-    if metadata.len() > limits.max_file_bytes {
+    let max_file_bytes = limits.settings.max_file_bytes;
+    let too_large = || wire::read_error(path, project, wire::too_large(max_file_bytes));
+    if metadata.len() > max_file_bytes {
         return Err(too_large());
     }
     // Project layers live in trees others may write: never wait on a FIFO swapped in
@@ -224,12 +260,13 @@ fn load(path: &Path, kind: Kind, limits: &ReadSettings) -> Result<Option<toml::T
         Err(e) => return Err(wire::read_error(path, project, e)),
     }
     let mut bytes = Vec::new();
-    file.take(limits.max_file_bytes + 1)
+    file.take(max_file_bytes + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| wire::read_error(path, project, e))?;
-    if bytes.len() as u64 > limits.max_file_bytes {
+    if bytes.len() as u64 > max_file_bytes {
         return Err(too_large());
     }
+    limits.spend(bytes.len() as u64, path, project)?;
     let text = String::from_utf8(bytes)
         .map_err(|_| wire::read_error(path, project, "stream did not contain valid UTF-8"))?;
     toml::from_str::<toml::Table>(&text)

@@ -31,6 +31,8 @@ pub struct ReadSettings {
     pub system_dir: PathBuf,
     /// Largest layer file read.
     pub max_file_bytes: u64,
+    /// Layer files one read loads in all.
+    pub max_total_bytes: u64,
 }
 
 /// The method's state: its settings and the threads its reads run on.
@@ -90,8 +92,9 @@ pub fn read(
     cwd: PathBuf,
     params: &ConfigReadParams,
 ) -> Result<ConfigReadResult, RpcError> {
-    let config = layers::config_layers(layout, &cwd, limits)?;
-    let requirements = layers::requirements_layers(layout, limits)?;
+    let budget = layers::LayerBudget::new(limits);
+    let config = layers::config_layers(layout, &cwd, &budget)?;
+    let requirements = layers::requirements_layers(layout, &budget)?;
     Ok(ConfigReadResult {
         user_home_dir: layout.user_home.as_deref().map(to_file_uri),
         codex_home_dir: to_file_uri(&layout.codex_home),

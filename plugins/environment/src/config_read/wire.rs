@@ -112,6 +112,11 @@ pub(crate) fn not_a_file(path: &Path) -> String {
     format!("path `{}` is not a file", path.display())
 }
 
+/// The reason of [`read_error`] for a layer past `environment.config_max_total_bytes`.
+pub(crate) fn too_much(limit: u64) -> String {
+    format!("the configuration layers are larger than the limit of {limit} bytes in all (environment.config_max_total_bytes)")
+}
+
 /// The reason of [`read_error`] for a file above `environment.config_max_file_bytes`.
 pub(crate) fn too_large(limit: u64) -> String {
     format!("file is larger than the limit of {limit} bytes (environment.config_max_file_bytes)")

@@ -64,8 +64,7 @@ pub(crate) fn copy(
             if !source.is_file() {
                 return Err(RpcError::copy_unsupported_type());
             }
-            let mode = crate::acl::copy_mode(&from, source.mode()).or_rpc()?;
-            let to = create_file(&destination, mode)?;
+            let to = create_file(&destination, source.mode())?;
             copy_opened(from, to, &Deadline::in_fs_helper(COPY))
         }
         EntryKind::Other => Err(RpcError::copy_unsupported_type()),
@@ -187,10 +186,9 @@ fn copy_tree(
                 // Swapped for a special file since it was listed: skipped like one.
                 let source = from.metadata().or_rpc()?;
                 if source.is_file() {
-                    let mode = crate::acl::copy_mode(&from, source.mode()).or_rpc()?;
                     copy_opened(
                         from,
-                        create_file(&target, mode)?,
+                        create_file(&target, source.mode())?,
                         &Deadline::in_fs_helper(COPY),
                     )?;
                 }
@@ -211,9 +209,15 @@ fn make_directory(policy: &SandboxPolicy, location: &Path) -> Result<Directory, 
 /// Opens the checked `location` for writing exactly, creating it if missing no wider than
 /// the source (mode `source_mode`); the copy truncates it once it knows it is not the
 /// source itself.
-fn create_file(location: &Path, source_mode: u32) -> Result<File, RpcError> {
-    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NONBLOCK;
+fn create_file(location: &Path, source_mode: u32) -> Result<(File, bool), RpcError> {
+    let flags = OFlags::WRONLY | OFlags::NONBLOCK;
     let mode = created_modes::copy_creation_mode(source_mode);
-    let fd = open_exact(location, flags, mode).or_rpc()?;
-    Ok(File::from(fd))
+    match open_exact(location, flags | OFlags::CREATE | OFlags::EXCL, mode) {
+        Ok(fd) => Ok((File::from(fd), true)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let fd = open_exact(location, flags, Mode::empty()).or_rpc()?;
+            Ok((File::from(fd), false))
+        }
+        Err(e) => Err(RpcError::from_io(&e)),
+    }
 }
