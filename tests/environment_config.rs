@@ -421,3 +421,27 @@ async fn layers_are_read_within_a_total_budget() {
         "{result}"
     );
 }
+
+/// Many requested paths against a layer of many keys are matched by key, not each path
+/// against each key: 50,000 × 50,000 kept both of the method's threads busy for minutes
+/// (the attack pass's 130,000 paths against 600,000 keys, half an hour), starving every
+/// other session's reads.
+#[tokio::test]
+async fn many_paths_against_many_keys_are_answered() {
+    let layout = Layout::new();
+    let keys: String = (0..50_000).map(|i| format!("k{i} = 1\n")).collect();
+    layout.write("repo/.codex/config.toml", &keys);
+    let mut client = Client::stdio_with(layout.command("stdio"));
+    client.handshake().await;
+    let mut paths: Vec<Value> = (0..50_000).map(|i| json!([format!("z{i}")])).collect();
+    paths.push(json!(["k7"]));
+    let result = client
+        .call(
+            "environmentConfig/read",
+            params(&layout.uri("repo"), json!(paths), json!([])),
+        )
+        .await;
+    let layers = result["config"]["layers"].as_array().unwrap();
+    let repo = layers.iter().find(|l| l["toml"] == "k7 = 1\n");
+    assert!(repo.is_some(), "{result}");
+}

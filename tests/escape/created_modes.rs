@@ -995,20 +995,44 @@ async fn copies_give_another_group_or_an_old_writer_nothing() {
     }
 }
 
-/// Permissions narrowed by the owner between `fs/open` and `fs/close` stay narrowed: the
-/// new version takes the target's permissions as they are when it is put in place.
+/// The temporary file of a replace is the server's user's alone while the client writes
+/// it, whatever the target allows (a descriptor opened meanwhile would read, or write,
+/// whatever comes later); the new version takes the target's permissions as they are when
+/// it is put in place: narrowed by the owner since `fs/open`, or those of a file put at the
+/// name meanwhile.
 #[tokio::test]
 async fn a_replace_takes_the_permissions_the_target_has_at_close() {
     let (_keep, path) = shared_dir(&secret());
     let target = path.join("source");
-    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let fresh = path.join("fresh");
     let mut client = server(None).await;
-    let open = json!({"handleId": "late", "path": uri(&target), "mode": "replace"});
-    client.call("fs/open", open).await;
+    for (id, file) in [("late", &target), ("fresh", &fresh)] {
+        let open = json!({"handleId": id, "path": uri(file), "mode": "replace"});
+        client.call("fs/open", open).await;
+    }
+    let temps: Vec<u32> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".tmp"))
+        .map(|entry| entry.metadata().unwrap().mode() & 0o7777)
+        .collect();
+    assert_eq!(temps.len(), 2);
+    assert!(temps.iter().all(|mode| mode & 0o077 == 0), "{temps:?}");
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let block = json!({"handleId": "late", "offset": 0, "chunk": b64("v2")});
-    client.call("fs/writeBlock", block).await;
-    client.call("fs/close", json!({"handleId": "late"})).await;
-    assert_eq!(std::fs::read_to_string(&target).unwrap(), "v2");
-    assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, 0o600);
+    std::fs::write(&fresh, "made meanwhile").unwrap();
+    std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for id in ["late", "fresh"] {
+        let block = json!({"handleId": id, "offset": 0, "chunk": b64("v2")});
+        client.call("fs/writeBlock", block).await;
+        client.call("fs/close", json!({"handleId": id})).await;
+    }
+    for file in [&target, &fresh] {
+        assert_eq!(std::fs::read_to_string(file).unwrap(), "v2");
+        assert_eq!(
+            std::fs::metadata(file).unwrap().mode() & 0o777,
+            0o600,
+            "{file:?}"
+        );
+    }
 }

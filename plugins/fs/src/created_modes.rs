@@ -127,14 +127,30 @@ const SET_GROUP_ID: u32 = 0o2000;
 const GROUP_BITS: u32 = 0o070;
 
 /// The mode to create a new version of a file with: only the owner bits of the existing
-/// file's mode (`existing_mode`), since the new version belongs to the server's user until
-/// [`adopt`] gives it the existing owner; for a file that does not exist yet, the usual
-/// mode of a new file, which is already its final one.
+/// file's mode (`existing_mode`), or read and write for the owner for a file that does not
+/// exist yet. The new version belongs to the server's user, and nobody else may open it,
+/// until its content is final and [`adopt`] (or [`finish_new_file`]) gives it its owner
+/// and permissions.
 pub(crate) fn replacement_creation_mode(existing_mode: Option<u32>) -> Mode {
     match existing_mode {
         Some(mode) => Mode::from_raw_mode(mode & OWNER_BITS),
-        None => Mode::from_raw_mode(NEW_FILE_MODE),
+        None => Mode::from_raw_mode(NEW_FILE_MODE & OWNER_BITS),
     }
+}
+
+/// Gives a new version of a file that did not exist the mode a new file gets, `0666` less
+/// the process's umask (from `/proc/self/status`; where that cannot be read, the owner's
+/// bits only, which is narrower).
+pub(crate) fn finish_new_file(file: &File) -> io::Result<()> {
+    let mode = process_umask().map_or(NEW_FILE_MODE & OWNER_BITS, |umask| NEW_FILE_MODE & !umask);
+    rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from)
+}
+
+/// The process's umask, as the kernel reports it (Linux 4.7 and later).
+fn process_umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
 }
 
 /// Makes `file` (created with [`replacement_creation_mode`]) take the existing file's
@@ -216,7 +232,7 @@ mod tests {
             let replacement = replacement_creation_mode(Some(mode)).bits();
             assert_eq!(replacement & !(mode & OWNER_BITS), 0, "{replacement:o}");
         }
-        assert_eq!(replacement_creation_mode(None).bits(), NEW_FILE_MODE);
+        assert_eq!(replacement_creation_mode(None).bits(), 0o600);
     }
 
     #[test]

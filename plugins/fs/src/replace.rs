@@ -50,9 +50,9 @@ pub(crate) struct ReplaceFile {
     dir_syncable: bool,
     temp_name: OsString,
     target_name: OsString,
-    /// The mode and owner of the file being replaced: the new version takes its owner
-    /// where it may, its permission bits at once and its set-id bits at the commit.
-    existing: Option<created_modes::Owner>,
+    /// The mode, owner and ACL of the file being replaced, as `fs/open` found them: what
+    /// the new version takes at the commit if the target is gone by then.
+    existing: Option<(created_modes::Owner, Option<Acl>)>,
     /// Writes hold it shared; the commit holds it exclusively, so no write lands in the
     /// file once it is the target. `true` once the temporary file is the target.
     committed: RwLock<bool>,
@@ -60,10 +60,11 @@ pub(crate) struct ReplaceFile {
 
 impl ReplaceFile {
     /// Prepares a new version of `path`: finds the file it names (following a last link),
-    /// and creates an empty temporary file beside it, born with only the target's owner
-    /// bits and then given the target's owner (when this process may set it) and
-    /// permission bits; a new file gets `0666 & ~umask`. The target's set-id bits follow at
-    /// the commit, once the content is final.
+    /// and creates an empty temporary file beside it with only the owner's bits (the
+    /// target's, or read and write for a new file), the server's user's. It stays so
+    /// while the client writes: nobody else may open it, whatever the target allows or
+    /// comes to allow. The commit gives it the target's owner, permissions and ACL as
+    /// they are then, and its set-id bits last.
     pub(crate) fn open(path: &Path) -> Result<Self, RpcError> {
         let Target {
             dir,
@@ -71,26 +72,21 @@ impl ReplaceFile {
             name,
             existing,
         } = resolve(path)?;
+        let snapshot = match existing {
+            Some(stat) => Some((owner_of(&stat), target_acl(&dir, &name, &stat).or_rpc()?)),
+            None => None,
+        };
         let creation_mode = created_modes::replacement_creation_mode(existing.map(|s| s.st_mode));
         let (temp, temp_name) = create_temp(&dir, &name, creation_mode).or_rpc()?;
-        let file = Self {
+        Ok(Self {
             temp,
             dir,
             dir_syncable,
             temp_name,
             target_name: name,
-            existing: existing.map(|s| created_modes::Owner {
-                mode: s.st_mode,
-                uid: s.st_uid,
-                gid: s.st_gid,
-            }),
+            existing: snapshot,
             committed: RwLock::new(false),
-        };
-        if let (Some(existing), Some(stat)) = (file.existing, existing) {
-            let acl = target_acl(&file.dir, &file.target_name, &stat).or_rpc()?;
-            created_modes::adopt(&file.temp, existing, acl.as_ref()).or_rpc()?;
-        }
-        Ok(file)
+        })
     }
 
     /// Writes `chunk` at `offset` of the new version; `None` once it has been committed.
@@ -109,10 +105,7 @@ impl ReplaceFile {
         if *committed {
             return Ok(());
         }
-        if let Some(snapshot) = self.existing {
-            let existing = self.readopt().or_rpc()?.unwrap_or(snapshot);
-            created_modes::restore_set_id(&self.temp, existing).or_rpc()?;
-        }
+        self.take_permissions().or_rpc()?;
         self.temp.sync_all().or_rpc()?;
         rustix::fs::renameat(&self.dir, &self.temp_name, &self.dir, &self.target_name)
             .map_err(io::Error::from)
@@ -126,11 +119,24 @@ impl ReplaceFile {
         Ok(())
     }
 
-    /// Gives the new version the target's owner and permissions as they are now, if the
-    /// target is still a regular file: an owner who narrowed them (or put another file
-    /// there) since `fs/open` must not see them widened back by the replace. Returns the
-    /// owner and mode it took.
-    fn readopt(&self) -> io::Result<Option<created_modes::Owner>> {
+    /// Gives the new version, its content final, the owner, permissions and ACL of the
+    /// target as it is now (an owner who narrowed them, or put a file at the name, since
+    /// `fs/open` must not see them widened by the replace); else those `fs/open` found;
+    /// else a new file's (`0666 & ~umask`). Set-id bits come last.
+    fn take_permissions(&self) -> io::Result<()> {
+        let (owner, acl) = match self.current_target()? {
+            Some(now) => now,
+            None => match &self.existing {
+                Some((owner, acl)) => (*owner, acl.clone()),
+                None => return created_modes::finish_new_file(&self.temp),
+            },
+        };
+        created_modes::adopt(&self.temp, owner, acl.as_ref())?;
+        created_modes::restore_set_id(&self.temp, owner)
+    }
+
+    /// The target's owner, mode and ACL now, if it is a regular file.
+    fn current_target(&self) -> io::Result<Option<(created_modes::Owner, Option<Acl>)>> {
         let flags = AtFlags::SYMLINK_NOFOLLOW;
         let now = match rustix::fs::statat(&self.dir, &self.target_name, flags) {
             Ok(now) => now,
@@ -140,14 +146,8 @@ impl ReplaceFile {
         if FileType::from_raw_mode(now.st_mode) != FileType::RegularFile {
             return Ok(None);
         }
-        let owner = created_modes::Owner {
-            mode: now.st_mode,
-            uid: now.st_uid,
-            gid: now.st_gid,
-        };
         let acl = target_acl(&self.dir, &self.target_name, &now)?;
-        created_modes::adopt(&self.temp, owner, acl.as_ref())?;
-        Ok(Some(owner))
+        Ok(Some((owner_of(&now), acl)))
     }
 
     fn read_lock(&self) -> RwLockReadGuard<'_, bool> {
@@ -177,6 +177,14 @@ struct Target {
     name: OsString,
     /// The regular file there now, if any.
     existing: Option<Stat>,
+}
+
+fn owner_of(stat: &Stat) -> created_modes::Owner {
+    created_modes::Owner {
+        mode: stat.st_mode,
+        uid: stat.st_uid,
+        gid: stat.st_gid,
+    }
 }
 
 /// The access ACL of the file `name` in `dir`, checked to be the file `stat` describes

@@ -1,6 +1,8 @@
 //! Keeping only the requested key paths of a layer, in the file's own key order, and
 //! writing them back as TOML the way codex 0.169.0 does (`toml` 0.9, order preserved).
 
+use std::collections::HashMap;
+
 use super::layers::SourceLayer;
 use super::wire::{Layer, LayerStack};
 use exec_server_core::proto::path::to_file_uri;
@@ -36,22 +38,23 @@ pub(crate) fn select(table: &toml::Table, paths: &[Vec<String>]) -> Option<toml:
     select_in(table, &suffixes)
 }
 
+/// One level: the paths are grouped by their first key once, so a level costs its keys
+/// plus its paths, not their product (a large layer and many paths would otherwise keep
+/// a thread busy for minutes).
 fn select_in(table: &toml::Table, paths: &[&[String]]) -> Option<toml::Table> {
+    let mut by_key: HashMap<&str, Vec<&[String]>> = HashMap::new();
+    for (first, rest) in paths.iter().filter_map(|path| path.split_first()) {
+        by_key.entry(first.as_str()).or_default().push(rest);
+    }
     let mut kept = toml::Table::new();
     for (key, value) in table {
-        let below: Vec<&[String]> = paths
-            .iter()
-            .filter_map(|path| path.split_first())
-            .filter(|(first, _)| *first == key)
-            .map(|(_, rest)| rest)
-            .collect();
-        if below.is_empty() {
+        let Some(below) = by_key.get(key.as_str()) else {
             continue;
-        }
+        };
         if below.iter().any(|rest| rest.is_empty()) {
             kept.insert(key.clone(), value.clone());
         } else if let Some(inner) = value.as_table() {
-            let inner = select_in(inner, &below).unwrap_or_default();
+            let inner = select_in(inner, below).unwrap_or_default();
             kept.insert(key.clone(), toml::Value::Table(inner));
         }
     }
