@@ -754,8 +754,14 @@ const ACCESS_ACL: &str = "system.posix_acl_access";
 
 /// Sets `acl` on `path`; false where the file system keeps no ACLs.
 fn set_acl(path: &Path, acl: &[u8]) -> bool {
+    set_xattr(path, ACCESS_ACL, acl)
+}
+
+/// Sets the extended attribute `name` of `path`; false where the file system keeps no
+/// ACLs.
+fn set_xattr(path: &Path, name: &str, acl: &[u8]) -> bool {
     let path = CString::new(path.as_os_str().as_bytes()).unwrap();
-    let name = CString::new(ACCESS_ACL).unwrap();
+    let name = CString::new(name).unwrap();
     // SAFETY: both strings are NUL-terminated and `acl` is valid for its length.
     let set = unsafe {
         libc::setxattr(
@@ -876,23 +882,7 @@ fn set_default_acl(dir: &Path, reader: u32, perm: u16) -> bool {
     acl[4 + 8 + 2..4 + 8 + 4].copy_from_slice(&perm.to_le_bytes());
     // Its mask (the fourth entry) lets the named entry through.
     acl[4 + 24 + 2..4 + 24 + 4].copy_from_slice(&7u16.to_le_bytes());
-    let path = CString::new(dir.as_os_str().as_bytes()).unwrap();
-    let name = CString::new(DEFAULT_ACL).unwrap();
-    // SAFETY: both strings are NUL-terminated and `acl` is valid for its length.
-    let set = unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            acl.as_ptr().cast(),
-            acl.len(),
-            0,
-        )
-    };
-    if set != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
-        return false;
-    }
-    assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
-    true
+    set_xattr(dir, DEFAULT_ACL, &acl)
 }
 
 /// A directory whose default ACL grants uid 65534 read and write: a file the server makes

@@ -15,7 +15,7 @@ use exec_server_core::Call;
 use exec_server_sandbox::policy::SandboxDecision;
 
 use crate::frontmatter;
-use crate::scan::{json_len, skill_files, AnswerBudget, Reader, BUDGET_SLACK};
+use crate::scan::{json_len, skill_files, AnswerBudget, Reader};
 use crate::source::{Kind, Listing, Source};
 use crate::wire::{
     DiscoverV2Params, DiscoverV2Result, DiscoveryRoot, ExecutorPlugin, ExecutorSkill,
@@ -46,14 +46,7 @@ pub(crate) async fn handle(
     // File contents and warnings within the budget; the names and paths of plugins and
     // skills come from listings, each of which keeps at most as many bytes of paths.
     let answer = discovery.config.max_total_bytes.saturating_mul(2);
-    let answer = usize::try_from(answer).unwrap_or(usize::MAX);
-    if !cx
-        .reserve_response_bytes(answer.saturating_add(BUDGET_SLACK))
-        .await
-    {
-        return Err(RpcError::internal("the connection closed"));
-    }
-    let budget = AnswerBudget::new(&discovery.config);
+    let budget = AnswerBudget::reserved(&cx, &discovery.config, answer).await?;
     let mut reader = Reader::new(&source, &discovery.config, &budget);
     let mut result = DiscoverV2Result::default();
     let home = std::env::var_os("HOME")

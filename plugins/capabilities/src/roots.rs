@@ -11,9 +11,7 @@ use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
 use exec_server_sandbox::policy::SandboxDecision;
 
-use crate::scan::{
-    json_len, manifests, skill_files, skill_metadata_path, AnswerBudget, Reader, BUDGET_SLACK,
-};
+use crate::scan::{json_len, manifests, skill_files, skill_metadata_path, AnswerBudget, Reader};
 use crate::source::{Kind, Source};
 use crate::wire::{
     path_unscannable, root_not_a_directory, root_uninspectable, DiscoverV1Params, DiscoverV1Result,
@@ -52,14 +50,7 @@ pub(crate) async fn handle(
         .map(|(id, path, _)| json_len(id) + 2 * json_len(&to_file_uri(path)) + ROOT_OVERHEAD)
         .sum();
     let answer = discovery.config.max_total_bytes.saturating_add(echoed);
-    let answer = usize::try_from(answer).unwrap_or(usize::MAX);
-    if !cx
-        .reserve_response_bytes(answer.saturating_add(BUDGET_SLACK))
-        .await
-    {
-        return Err(RpcError::internal("the connection closed"));
-    }
-    let budget = AnswerBudget::new(&discovery.config);
+    let budget = AnswerBudget::reserved(&cx, &discovery.config, answer).await?;
     let mut roots = Vec::new();
     for (id, path, decision) in prepared {
         let root = Root { id, path, decision };

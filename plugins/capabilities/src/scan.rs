@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use exec_server_core::proto::path::to_file_uri;
+use exec_server_core::proto::RpcError;
+use exec_server_core::Call;
 
 use crate::config::CapabilitiesConfig;
 use crate::source::{Listing, Source};
@@ -26,13 +28,27 @@ pub(crate) struct AnswerBudget {
 /// JSON around each file of an answer (`{"path":…,"contents":…}` and its place in a list).
 const FILE_OVERHEAD: u64 = 64;
 /// Room kept past the budget for the one warning that says the budget ran out.
-pub(crate) const BUDGET_SLACK: usize = 1024;
+const BUDGET_SLACK: usize = 1024;
 
 impl AnswerBudget {
-    pub(crate) fn new(config: &CapabilitiesConfig) -> Self {
-        Self {
-            remaining: AtomicU64::new(config.max_total_bytes),
+    /// The budget of one request whose answer is at most `answer` bytes of JSON, once that
+    /// much (and [`BUDGET_SLACK`]) is reserved in the connection's outbound budget, before
+    /// anything is read.
+    pub(crate) async fn reserved(
+        cx: &Call,
+        config: &CapabilitiesConfig,
+        answer: u64,
+    ) -> Result<Self, RpcError> {
+        let answer = usize::try_from(answer).unwrap_or(usize::MAX);
+        if !cx
+            .reserve_response_bytes(answer.saturating_add(BUDGET_SLACK))
+            .await
+        {
+            return Err(RpcError::internal("the connection closed"));
         }
+        Ok(Self {
+            remaining: AtomicU64::new(config.max_total_bytes),
+        })
     }
 
     fn remaining(&self) -> u64 {
