@@ -1026,3 +1026,61 @@ async fn a_replace_takes_the_permissions_the_target_has_at_close() {
         );
     }
 }
+
+/// A name that did not exist at `fs/open`, in a directory whose default ACL gives the
+/// group and others nothing: the new version gets what a file created there gets (as
+/// `fs/writeFile` in the same directory), not `0666 & ~umask`.
+#[tokio::test]
+async fn a_new_file_by_replace_gets_what_its_directory_gives() {
+    let (_keep, path) = shared_dir(&secret());
+    let private = path.join("private");
+    std::fs::create_dir(&private).unwrap();
+    let mut owner_only = 2u32.to_le_bytes().to_vec();
+    for (tag, perm) in [(0x01u16, 7u16), (0x04, 0), (0x20, 0)] {
+        owner_only.extend(tag.to_le_bytes());
+        owner_only.extend(perm.to_le_bytes());
+        owner_only.extend(u32::MAX.to_le_bytes());
+    }
+    if !set_xattr(&private, DEFAULT_ACL, &owner_only) {
+        eprintln!("SKIP: this file system keeps no ACLs");
+        return;
+    }
+    let mut client = server(None).await;
+    let replaced = private.join("replaced");
+    replace(&mut client, "new", &replaced, "content").await;
+    let written = private.join("written");
+    let params = json!({"path": uri(&written), "dataBase64": b64("content")});
+    client.call("fs/writeFile", params).await;
+    for file in [&replaced, &written] {
+        assert_eq!(
+            std::fs::metadata(file).unwrap().mode() & 0o777,
+            0o600,
+            "{file:?}"
+        );
+    }
+}
+
+/// Someone who may write the target's directory moves the target away after `fs/open`
+/// and puts a file of theirs, readable by all, at its name: the new version is not given
+/// to them, nor made wider than the file `fs/open` found.
+#[tokio::test]
+async fn a_file_put_at_the_name_meanwhile_gets_neither_the_content_nor_wider_modes() {
+    if !is_root() {
+        eprintln!("SKIP: needs root to own files as another user");
+        return;
+    }
+    let (_keep, path) = shared_dir(&secret());
+    let target = path.join("source");
+    let mut client = server(None).await;
+    let open = json!({"handleId": "swap", "path": uri(&target), "mode": "replace"});
+    client.call("fs/open", open).await;
+    std::fs::rename(&target, path.join("moved")).unwrap();
+    std::fs::write(&target, "theirs").unwrap();
+    std::os::unix::fs::chown(&target, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let block = json!({"handleId": "swap", "offset": 0, "chunk": b64("v2 of a secret")});
+    client.call("fs/writeBlock", block).await;
+    client.call("fs/close", json!({"handleId": "swap"})).await;
+    let meta = std::fs::metadata(&target).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o600));
+}

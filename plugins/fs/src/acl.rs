@@ -12,11 +12,14 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 const ACCESS_ACL: &str = "system.posix_acl_access";
+const DEFAULT_ACL: &str = "system.posix_acl_default";
 /// An ACL of more entries than this is not one a file system stores.
 const MAX_ACL_BYTES: usize = 4 + 8 * 4096;
 /// Entry tags (`linux/posix_acl_xattr.h`).
+const USER_OBJ: u16 = 0x01;
 const GROUP_OBJ: u16 = 0x04;
 const MASK: u16 = 0x10;
+const OTHER: u16 = 0x20;
 /// Header: a little-endian version; then entries of tag (u16), perm (u16), id (u32).
 const HEADER_BYTES: usize = 4;
 const ENTRY_BYTES: usize = 8;
@@ -35,10 +38,55 @@ impl Acl {
 
     /// The same through a descriptor of any kind (`O_PATH` included).
     pub(crate) fn of_descriptor(fd: BorrowedFd<'_>) -> io::Result<Option<Self>> {
+        Self::named(fd, ACCESS_ACL)
+    }
+
+    /// The default ACL of the directory `dir` is open on (what new files in it inherit),
+    /// if it has one.
+    pub(crate) fn default_of(dir: BorrowedFd<'_>) -> io::Result<Option<Self>> {
+        Self::named(dir, DEFAULT_ACL)
+    }
+
+    fn named(fd: BorrowedFd<'_>, name: &str) -> io::Result<Option<Self>> {
         let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
         let mut value = vec![0u8; MAX_ACL_BYTES];
-        let read = rustix::fs::getxattr(path.as_str(), ACCESS_ACL, &mut value[..]);
+        let read = rustix::fs::getxattr(path.as_str(), name, &mut value[..]);
         Self::from_read(read, value)
+    }
+
+    /// The access ACL the kernel gives a file created with `mode` in a directory of this
+    /// default ACL: the owner's, the mask's (the owning group's where there is no mask)
+    /// and the others' entries limited by `mode`; the umask plays no part.
+    pub(crate) fn created_with(&self, mode: u32) -> Self {
+        let mut bytes = self.0.clone();
+        let has_mask = self.entries().any(|(tag, _)| tag == MASK);
+        for entry in bytes
+            .get_mut(HEADER_BYTES..)
+            .unwrap_or_default()
+            .chunks_exact_mut(ENTRY_BYTES)
+        {
+            let tag = u16::from_le_bytes([entry[0], entry[1]]);
+            let limit = match tag {
+                USER_OBJ => mode >> 6,
+                MASK => mode >> 3,
+                GROUP_OBJ if !has_mask => mode >> 3,
+                OTHER => mode,
+                _ => continue,
+            } & 0o7;
+            let perm = u16::from_le_bytes([entry[2], entry[3]]) & limit as u16;
+            entry[2..4].copy_from_slice(&perm.to_le_bytes());
+        }
+        Self(bytes)
+    }
+
+    /// Each entry's tag and permissions.
+    fn entries(&self) -> impl Iterator<Item = (u16, u32)> + '_ {
+        let entries = self.0.get(HEADER_BYTES..).unwrap_or_default();
+        entries.chunks_exact(ENTRY_BYTES).map(|entry| {
+            let tag = u16::from_le_bytes([entry[0], entry[1]]);
+            let perm = u32::from(u16::from_le_bytes([entry[2], entry[3]])) & 0o7;
+            (tag, perm)
+        })
     }
 
     fn from_read(read: rustix::io::Result<usize>, mut value: Vec<u8>) -> io::Result<Option<Self>> {
@@ -67,9 +115,7 @@ impl Acl {
             return None;
         }
         let (mut group, mut mask) = (None, 0o7);
-        for entry in entries.chunks_exact(ENTRY_BYTES) {
-            let tag = u16::from_le_bytes([entry[0], entry[1]]);
-            let perm = u32::from(u16::from_le_bytes([entry[2], entry[3]])) & 0o7;
+        for (tag, perm) in self.entries() {
             match tag {
                 GROUP_OBJ => group = Some(perm),
                 MASK => mask = perm,
@@ -147,6 +193,22 @@ mod tests {
         assert_eq!(copy_mode_of(None, 0o100640).unwrap(), 0o100640);
         let unreadable = Acl(vec![2, 0, 0, 0, 1]);
         assert_eq!(copy_mode_of(Some(&unreadable), 0o100750).unwrap(), 0o100700);
+    }
+
+    #[test]
+    fn a_created_file_s_acl_is_the_default_limited_by_its_mode() {
+        // `u::rw-, u:1000:r--, g::---, m::r--, o::---` limited by 0600: the mask goes.
+        let created = acl().created_with(0o600);
+        let perms: Vec<(u16, u32)> = created.entries().collect();
+        assert_eq!(
+            perms,
+            [(0x01, 6), (0x02, 4), (GROUP_OBJ, 0), (MASK, 0), (OTHER, 0)]
+        );
+        let open = acl().created_with(0o666);
+        assert_eq!(
+            open.entries().collect::<Vec<_>>(),
+            acl().entries().collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::BorrowedFd;
 
 use rustix::fs::{Gid, Mode, Uid};
 
@@ -138,12 +139,27 @@ pub(crate) fn replacement_creation_mode(existing_mode: Option<u32>) -> Mode {
     }
 }
 
-/// Gives a new version of a file that did not exist the mode a new file gets, `0666` less
-/// the process's umask (from `/proc/self/status`; where that cannot be read, the owner's
-/// bits only, which is narrower).
-pub(crate) fn finish_new_file(file: &File) -> io::Result<()> {
-    let mode = process_umask().map_or(NEW_FILE_MODE & OWNER_BITS, |umask| NEW_FILE_MODE & !umask);
-    rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from)
+/// Gives a new version of a file that did not exist (in the directory `dir`) what a file
+/// created there gets: its default ACL limited by `0666` where it has one (the umask plays
+/// no part then), else `0666` less the process's umask (from `/proc/self/status`; where
+/// that cannot be read, the owner's bits only, which is narrower). `present`: the mode of
+/// a file someone put at the name since; the new version is then no wider than it, and
+/// takes no ACL.
+pub(crate) fn finish_new_file(
+    file: &File,
+    dir: BorrowedFd<'_>,
+    present: Option<u32>,
+) -> io::Result<()> {
+    let plain = process_umask().map_or(NEW_FILE_MODE & OWNER_BITS, |umask| NEW_FILE_MODE & !umask);
+    if let Some(present) = present {
+        crate::acl::remove(file)?;
+        let mode = plain & present & PERMISSION_BITS;
+        return rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(io::Error::from);
+    }
+    if let Some(default) = Acl::default_of(dir)? {
+        return default.created_with(NEW_FILE_MODE).apply(file);
+    }
+    rustix::fs::fchmod(file, Mode::from_raw_mode(plain)).map_err(io::Error::from)
 }
 
 /// The process's umask, as the kernel reports it (Linux 4.7 and later).

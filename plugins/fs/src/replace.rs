@@ -14,7 +14,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -50,9 +50,8 @@ pub(crate) struct ReplaceFile {
     dir_syncable: bool,
     temp_name: OsString,
     target_name: OsString,
-    /// The mode, owner and ACL of the file being replaced, as `fs/open` found them: what
-    /// the new version takes at the commit if the target is gone by then.
-    existing: Option<(created_modes::Owner, Option<Acl>)>,
+    /// The file being replaced, as `fs/open` found it.
+    existing: Option<Snapshot>,
     /// Writes hold it shared; the commit holds it exclusively, so no write lands in the
     /// file once it is the target. `true` once the temporary file is the target.
     committed: RwLock<bool>,
@@ -73,7 +72,11 @@ impl ReplaceFile {
             existing,
         } = resolve(path)?;
         let snapshot = match existing {
-            Some(stat) => Some((owner_of(&stat), target_acl(&dir, &name, &stat).or_rpc()?)),
+            Some(stat) => Some(Snapshot {
+                owner: owner_of(&stat),
+                acl: target_acl(&dir, &name, &stat).or_rpc()?,
+                id: (stat.st_dev, stat.st_ino),
+            }),
             None => None,
         };
         let creation_mode = created_modes::replacement_creation_mode(existing.map(|s| s.st_mode));
@@ -119,24 +122,32 @@ impl ReplaceFile {
         Ok(())
     }
 
-    /// Gives the new version, its content final, the owner, permissions and ACL of the
-    /// target as it is now (an owner who narrowed them, or put a file at the name, since
-    /// `fs/open` must not see them widened by the replace); else those `fs/open` found;
-    /// else a new file's (`0666 & ~umask`). Set-id bits come last.
+    /// Gives the new version, its content final, its owner and permissions, set-id bits
+    /// last: those of the file `fs/open` found as they are now (an owner who narrowed them
+    /// since must not see them widened by the replace), or as `fs/open` found them if it
+    /// is gone. A file someone else put at the name since gets nobody more than the file
+    /// `fs/open` found gave, nor more than its own mode shows, and never the new version
+    /// itself (no owner of theirs, no ACL, no set-id bits); likewise for a name that did
+    /// not exist at `fs/open`, which otherwise gets what a file created there gets.
     fn take_permissions(&self) -> io::Result<()> {
-        let (owner, acl) = match self.current_target()? {
-            Some(now) => now,
-            None => match &self.existing {
-                Some((owner, acl)) => (*owner, acl.clone()),
-                None => return created_modes::finish_new_file(&self.temp),
-            },
+        let now = self.current_target()?;
+        let Some(snapshot) = &self.existing else {
+            let present = now.map(|(stat, _)| stat.st_mode);
+            return created_modes::finish_new_file(&self.temp, self.dir.as_fd(), present);
+        };
+        let (owner, acl) = match now {
+            Some((stat, acl)) if (stat.st_dev, stat.st_ino) == snapshot.id => {
+                (owner_of(&stat), acl)
+            }
+            None => (snapshot.owner, snapshot.acl.clone()),
+            Some((stat, _)) => (snapshot.narrowed_to(stat.st_mode), None),
         };
         created_modes::adopt(&self.temp, owner, acl.as_ref())?;
         created_modes::restore_set_id(&self.temp, owner)
     }
 
-    /// The target's owner, mode and ACL now, if it is a regular file.
-    fn current_target(&self) -> io::Result<Option<(created_modes::Owner, Option<Acl>)>> {
+    /// The file at the target's name now, with its access ACL, if it is a regular file.
+    fn current_target(&self) -> io::Result<Option<(Stat, Option<Acl>)>> {
         let flags = AtFlags::SYMLINK_NOFOLLOW;
         let now = match rustix::fs::statat(&self.dir, &self.target_name, flags) {
             Ok(now) => now,
@@ -147,7 +158,7 @@ impl ReplaceFile {
             return Ok(None);
         }
         let acl = target_acl(&self.dir, &self.target_name, &now)?;
-        Ok(Some((owner_of(&now), acl)))
+        Ok(Some((now, acl)))
     }
 
     fn read_lock(&self) -> RwLockReadGuard<'_, bool> {
@@ -177,6 +188,27 @@ struct Target {
     name: OsString,
     /// The regular file there now, if any.
     existing: Option<Stat>,
+}
+
+/// The file a `replace` handle replaces, as `fs/open` found it.
+#[derive(Debug)]
+struct Snapshot {
+    owner: created_modes::Owner,
+    acl: Option<Acl>,
+    /// Device and inode: whether the file at the name at the commit is still this one.
+    id: (u64, u64),
+}
+
+impl Snapshot {
+    /// Its owner, with the permission bits both it and `mode` (another file's) allow
+    /// (the group's its own where its ACL made them a mask), and no set-id bits.
+    fn narrowed_to(&self, mode: u32) -> created_modes::Owner {
+        let own = acl::mode_without_mask(self.acl.as_ref(), self.owner.mode);
+        created_modes::Owner {
+            mode: own & mode & 0o777,
+            ..self.owner
+        }
+    }
 }
 
 fn owner_of(stat: &Stat) -> created_modes::Owner {
