@@ -730,24 +730,40 @@ async fn copies_of_another_users_set_id_programs_never_become_roots() {
     }
 }
 
-/// `system.posix_acl_access`: `u::rw-, u:<reader>:r--, g::---, m::r--, o::---`, as the kernel
-/// stores it (version 2, then tag, permissions and id of each entry). The mode shows
-/// `0640`: its group bits are the mask, and the owning group may read nothing.
-fn acl_denying_the_owning_group(reader: u32) -> Vec<u8> {
+/// ACL entry tags (`linux/posix_acl_xattr.h`), and the id of an entry that has none.
+const USER_OBJ: u16 = 0x01;
+const USER: u16 = 0x02;
+const GROUP_OBJ: u16 = 0x04;
+const MASK: u16 = 0x10;
+const OTHER: u16 = 0x20;
+const NO_ID: u32 = u32::MAX;
+
+/// An ACL as the kernel stores it: version 2, then tag, permissions and id of each entry.
+fn acl_bytes(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     let mut bytes = 2u32.to_le_bytes().to_vec();
-    let undefined = u32::MAX;
-    for (tag, perm, id) in [
-        (0x01u16, 6u16, undefined),
-        (0x02, 4, reader),
-        (0x04, 0, undefined),
-        (0x10, 4, undefined),
-        (0x20, 0, undefined),
-    ] {
+    for (tag, perm, id) in entries {
         bytes.extend(tag.to_le_bytes());
         bytes.extend(perm.to_le_bytes());
         bytes.extend(id.to_le_bytes());
     }
     bytes
+}
+
+/// `u::rw-, u:<reader>:<perm>, g::---, m::<mask>, o::---`.
+fn acl_granting(reader: u32, perm: u16, mask: u16) -> Vec<u8> {
+    acl_bytes(&[
+        (USER_OBJ, 6, NO_ID),
+        (USER, perm, reader),
+        (GROUP_OBJ, 0, NO_ID),
+        (MASK, mask, NO_ID),
+        (OTHER, 0, NO_ID),
+    ])
+}
+
+/// `system.posix_acl_access`: `u::rw-, u:<reader>:r--, g::---, m::r--, o::---`. The mode
+/// shows `0640`: its group bits are the mask, and the owning group may read nothing.
+fn acl_denying_the_owning_group(reader: u32) -> Vec<u8> {
+    acl_granting(reader, 4, 4)
 }
 
 const ACCESS_ACL: &str = "system.posix_acl_access";
@@ -873,16 +889,11 @@ async fn a_new_version_another_user_could_write_gets_no_set_id_bits() {
 
 const DEFAULT_ACL: &str = "system.posix_acl_default";
 
-/// Sets a directory's default ACL (what new files in it inherit) to the same entries as
-/// [`acl_denying_the_owning_group`] but granting `reader` `perm`; false where the file
-/// system keeps no ACLs.
+/// Sets a directory's default ACL (what new files in it inherit) to one granting
+/// `reader` `perm` (and a mask that lets it through); false where the file system keeps
+/// no ACLs.
 fn set_default_acl(dir: &Path, reader: u32, perm: u16) -> bool {
-    let mut acl = acl_denying_the_owning_group(reader);
-    // The named user's entry is the second: tag, then its permissions.
-    acl[4 + 8 + 2..4 + 8 + 4].copy_from_slice(&perm.to_le_bytes());
-    // Its mask (the fourth entry) lets the named entry through.
-    acl[4 + 24 + 2..4 + 24 + 4].copy_from_slice(&7u16.to_le_bytes());
-    set_xattr(dir, DEFAULT_ACL, &acl)
+    set_xattr(dir, DEFAULT_ACL, &acl_granting(reader, perm, 7))
 }
 
 /// A directory whose default ACL grants uid 65534 read and write: a file the server makes
@@ -909,10 +920,7 @@ async fn nothing_inherited_or_left_over_grants_what_the_source_denied() {
     let existing = path.join("existing");
     std::fs::write(&existing, "old").unwrap();
     std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o640)).unwrap();
-    let mut open_to_nobody = acl_denying_the_owning_group(NOBODY);
-    open_to_nobody[4 + 8 + 2..4 + 8 + 4].copy_from_slice(&6u16.to_le_bytes());
-    open_to_nobody[4 + 24 + 2..4 + 24 + 4].copy_from_slice(&6u16.to_le_bytes());
-    assert!(set_acl(&existing, &open_to_nobody));
+    assert!(set_acl(&existing, &acl_granting(NOBODY, 6, 6)));
     let mut client = server(None).await;
     // The replaced file had no ACL of its own: the new version has none either.
     replace(&mut client, "inherit", &target, "new version").await;
@@ -1035,12 +1043,11 @@ async fn a_new_file_by_replace_gets_what_its_directory_gives() {
     let (_keep, path) = shared_dir(&secret());
     let private = path.join("private");
     std::fs::create_dir(&private).unwrap();
-    let mut owner_only = 2u32.to_le_bytes().to_vec();
-    for (tag, perm) in [(0x01u16, 7u16), (0x04, 0), (0x20, 0)] {
-        owner_only.extend(tag.to_le_bytes());
-        owner_only.extend(perm.to_le_bytes());
-        owner_only.extend(u32::MAX.to_le_bytes());
-    }
+    let owner_only = acl_bytes(&[
+        (USER_OBJ, 7, NO_ID),
+        (GROUP_OBJ, 0, NO_ID),
+        (OTHER, 0, NO_ID),
+    ]);
     if !set_xattr(&private, DEFAULT_ACL, &owner_only) {
         eprintln!("SKIP: this file system keeps no ACLs");
         return;

@@ -301,9 +301,10 @@ fn walk_direct(root: &Path, config: &CapabilitiesConfig) -> Listing {
                 continue;
             };
             if kind.is_dir() {
+                let path = entry.path();
                 // Directories waiting to be read hold their paths too.
-                if depth + 1 < config.max_depth && listing.hold(&entry.path(), limit) {
-                    stack.push((entry.path(), depth + 1));
+                if depth + 1 < config.max_depth && listing.hold(&path, limit) {
+                    stack.push((path, depth + 1));
                 } else {
                     listing.truncated = true;
                 }
