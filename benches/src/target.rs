@@ -48,7 +48,10 @@ impl WsProcess {
         cmd.args(["--listen", "ws://127.0.0.1:0"])
             .args(extra)
             .envs(env.iter().copied())
-            .env("RUST_LOG", "error");
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_SERVER_LOG").unwrap_or("error".into()),
+            );
         Self::start(cmd).await
     }
 

@@ -58,6 +58,9 @@ pub struct ConnectionInfo {
     /// already received and to let the session's live work finish before the connection
     /// closes (stdio, `connection.stdio_drain_ms`). `None`: close at once.
     pub drain_on_end: Option<std::time::Duration>,
+    /// The accepted socket's charge to the descriptor budget (WebSocket), moved into the
+    /// session the connection attaches to.
+    pub descriptor: Option<crate::descriptors::ConnectionCharge>,
 }
 
 /// Serves one connection until its inbound stream ends or the server shuts down. The
@@ -431,6 +434,9 @@ impl Processor {
             .into_iter()
             .filter(|name| router.has_extension(name))
             .collect();
+        if let Some(charge) = &self.info.descriptor {
+            charge.move_to(session.id());
+        }
         self.session = Some((session, generation));
         encode_value(&result)
     }

@@ -15,14 +15,16 @@
 //! * one session never holds more than `descriptors.session_max_percent` of the capacity.
 //!
 //! Charges that belong to no session (an accepted connection before its `initialize`) take
-//! only what is left outside every live session's guarantee. Refusals are -32600 naming the
+//! only what is left outside every live session's guarantee. A connection's socket is
+//! charged to its session once it attaches ([`ConnectionCharge`]), so it counts within
+//! that session's guarantee. Refusals are -32600 naming the
 //! limit and its key ([`RpcError::descriptor_budget`]).
 //!
 //! The ledger is process-wide, as the descriptor table is: [`crate::descriptor_config`] sets it up when
 //! the server starts; until then (unit tests, embedding) it uses the defaults under the
 //! current limit.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use exec_server_proto::RpcError;
 use serde::{Deserialize, Serialize};
@@ -141,6 +143,34 @@ pub(crate) fn register() {
 /// Descriptors charged to the budget; given back when dropped. Hold it exactly as long as
 /// the descriptors it stands for are open.
 pub type DescriptorLease = BudgetLease;
+
+/// An accepted connection's charge for its socket, shared by the socket (which gives it
+/// back when it closes) and the connection's processor, which moves it into the session
+/// the connection attaches to: a session's own connection then counts within its
+/// guarantee instead of against what the sessions' guarantees leave for connections.
+#[derive(Debug, Clone)]
+pub struct ConnectionCharge(Arc<Mutex<DescriptorLease>>);
+
+impl ConnectionCharge {
+    pub fn new(lease: DescriptorLease) -> Self {
+        Self(Arc::new(Mutex::new(lease)))
+    }
+
+    /// Charges the socket to `session` from now on; where the session has no room for
+    /// it, it stays charged to no session.
+    pub fn move_to(&self, session: &str) {
+        let mut lease = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(refusal) = lease.move_to(session) {
+            tracing::debug!(session, %refusal.message, "a connection stays charged to no session");
+        }
+    }
+
+    /// The session the socket is charged to now, if any.
+    pub fn owner(&self) -> Option<String> {
+        let lease = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        lease.owner().map(str::to_owned)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -104,13 +104,7 @@ pub fn session_started(session: &str) {
 /// hold stays charged to it until they are given back.
 pub fn session_ended(session: &str) {
     for budget in budgets() {
-        let mut state = budget.lock();
-        if let Some(share) = state.shares.get_mut(session) {
-            share.live = false;
-            if share.held == 0 {
-                state.shares.remove(session);
-            }
-        }
+        budget.lock().end(session);
     }
 }
 
@@ -136,18 +130,14 @@ impl FairBudget {
             .set(limits.capacity.min(i64::MAX as u64) as i64);
         Self {
             names,
-            state: Mutex::new(State {
-                limits,
-                used: 0,
-                shares: HashMap::new(),
-            }),
+            state: Mutex::new(State::new(limits)),
             metrics,
         }
     }
 
     /// Replaces the limits (at start-up, from the configuration).
     pub fn set_limits(&self, limits: Limits) {
-        self.lock().limits = limits;
+        self.lock().set_limits(limits);
         self.metrics
             .capacity
             .set(limits.capacity.min(i64::MAX as u64) as i64);
@@ -173,7 +163,7 @@ impl FairBudget {
     ) -> Result<BudgetLease, RpcError> {
         let mut state = self.lock();
         let owner = session.map(|id| state.key(id));
-        if let Err(refusal) = state.admit(owner.as_deref(), amount) {
+        if let Err(refusal) = state.charge(owner.as_deref(), amount) {
             drop(state);
             let (counter, limit, key) = match refusal {
                 Refusal::SessionMax(limit) => {
@@ -188,10 +178,6 @@ impl FairBudget {
             counter.inc();
             tracing::debug!(session, amount, what, limit, key, "shared budget reached");
             return Err((self.names.refusal)(what, limit, key));
-        }
-        state.used += amount;
-        if let Some(owner) = &owner {
-            state.share(owner).held += amount;
         }
         drop(state);
         self.metrics.in_use.add(amount as i64);
@@ -214,11 +200,10 @@ impl FairBudget {
         let mut state = self.lock();
         state.used = state.used.saturating_sub(amount);
         if let Some(owner) = owner {
-            if let Some(share) = state.shares.get_mut(&**owner) {
-                share.held = share.held.saturating_sub(amount);
-                if share.held == 0 && !share.live {
-                    state.shares.remove(&**owner);
-                }
+            if state.shares.contains_key(&**owner) {
+                state.update(owner, |share| {
+                    share.held = share.held.saturating_sub(amount)
+                });
             }
         }
         drop(state);
@@ -231,11 +216,21 @@ impl FairBudget {
     }
 }
 
+/// The counts behind one budget. Every question a charge asks is answered in constant
+/// time: the number of live sessions and the sum of their unused guarantees are kept up
+/// to date as shares change, and the sum is recounted only when the fair share itself
+/// changes (a session starts or ends while the capacity, not the cap, sets the share).
 pub(crate) struct State {
     limits: Limits,
     /// Units charged, to sessions and unowned together.
     used: u64,
     shares: HashMap<Arc<str>, Share>,
+    /// Live sessions.
+    live: u64,
+    /// What each live session is guaranteed at most now: `limits.guarantee(live)`.
+    fair: u64,
+    /// The unused guarantees of all live sessions, summed ([`State::unused`]).
+    unused: u64,
 }
 
 #[derive(Default)]
@@ -257,6 +252,23 @@ pub(crate) enum Refusal {
 }
 
 impl State {
+    fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            used: 0,
+            shares: HashMap::new(),
+            live: 0,
+            fair: limits.guarantee(0),
+            unused: 0,
+        }
+    }
+
+    fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+        self.fair = limits.guarantee(self.live);
+        self.recount_unused();
+    }
+
     /// The shared key of `id`, so that leases need not copy the id.
     fn key(&mut self, id: &str) -> Arc<str> {
         match self.shares.get_key_value(id) {
@@ -270,16 +282,59 @@ impl State {
         }
     }
 
-    fn share(&mut self, id: &str) -> &mut Share {
+    /// Changes the share of `id` (made if missing) and keeps the counts true; a share
+    /// that holds nothing and is not live is forgotten.
+    fn update(&mut self, id: &str, change: impl FnOnce(&mut Share)) {
         if !self.shares.contains_key(id) {
             self.shares.insert(Arc::from(id), Share::default());
         }
-        self.shares.get_mut(id).expect("inserted above")
+        let share = self.shares.get_mut(id).expect("inserted above");
+        let was_live = share.live;
+        let before = unused_of(share, self.fair);
+        change(share);
+        let (live, after, gone) = (share.live, unused_of(share, self.fair), share.held == 0);
+        if gone && !live {
+            self.shares.remove(id);
+        }
+        self.unused = self.unused - before + after;
+        if live != was_live {
+            self.live = if live { self.live + 1 } else { self.live - 1 };
+            let fair = self.limits.guarantee(self.live);
+            if fair != self.fair {
+                self.fair = fair;
+                self.recount_unused();
+            }
+        }
+    }
+
+    /// Sums the unused guarantees again, after the fair share changed.
+    fn recount_unused(&mut self) {
+        let fair = self.fair;
+        self.unused = self
+            .shares
+            .values()
+            .map(|share| unused_of(share, fair))
+            .sum();
+    }
+
+    /// Charges `amount` to `owner` (none: unowned) when [`Self::admit`] lets it.
+    fn charge(&mut self, owner: Option<&str>, amount: u64) -> Result<(), Refusal> {
+        let admitted = self.admit(owner, amount);
+        if admitted.is_ok() {
+            self.used += amount;
+        }
+        if let Some(owner) = owner {
+            // Also forgets, on a refusal, the share `key` made for a session that holds
+            // nothing.
+            let charged = if admitted.is_ok() { amount } else { 0 };
+            self.update(owner, |share| share.held += charged);
+        }
+        admitted
     }
 
     /// Makes `id` live, guaranteed at most what is free for it now.
     fn start(&mut self, id: &str) {
-        self.share(id).live = true;
+        self.update(id, |share| share.live = true);
         let kept = self.kept_for_others(Some(id));
         let free = self
             .limits
@@ -287,28 +342,29 @@ impl State {
             .saturating_sub(self.used.saturating_add(kept));
         // A ceiling, not the fair share of the moment: when sessions leave, the fair
         // share grows back up to what was free.
-        self.share(id).reserved = self.limits.guarantee_cap.min(free);
+        let reserved = self.limits.guarantee_cap.min(free);
+        self.update(id, |share| share.reserved = reserved);
     }
 
-    fn live_sessions(&self) -> u64 {
-        self.shares.values().filter(|share| share.live).count() as u64
+    /// `id` ended: it is guaranteed nothing any more.
+    fn end(&mut self, id: &str) {
+        if self.shares.contains_key(id) {
+            self.update(id, |share| share.live = false);
+        }
     }
 
     /// What `share` is guaranteed now: the fair share of the live sessions, at most what it
     /// reserved when it started.
     fn guarantee_of(&self, share: &Share) -> u64 {
-        self.limits
-            .guarantee(self.live_sessions())
-            .min(share.reserved)
+        self.fair.min(share.reserved)
     }
 
     /// The unused guarantees of the live sessions other than `owner`.
     fn kept_for_others(&self, owner: Option<&str>) -> u64 {
-        self.shares
-            .iter()
-            .filter(|(id, share)| share.live && Some(&***id) != owner)
-            .map(|(_, share)| self.guarantee_of(share).saturating_sub(share.held))
-            .sum()
+        let own = owner
+            .and_then(|id| self.shares.get(id))
+            .map_or(0, |share| unused_of(share, self.fair));
+        self.unused - own
     }
 
     /// Whether `amount` more for `owner` keeps it within its maximum and leaves free the
@@ -319,31 +375,36 @@ impl State {
         if budget.capacity == u64::MAX {
             return Ok(());
         }
-        let held = owner
-            .and_then(|id| self.shares.get(id))
-            .map_or(0, |share| share.held);
+        let own = owner.and_then(|id| self.shares.get(id));
+        let held = own.map_or(0, |share| share.held);
         let session_max = budget.session_max();
         if owner.is_some() && held.saturating_add(amount) > session_max {
             return Err(Refusal::SessionMax(session_max));
         }
         let fits = self.used.saturating_add(amount) <= budget.capacity;
-        let own = owner.and_then(|id| self.shares.get(id));
         if fits && own.is_some_and(|share| held.saturating_add(amount) <= self.guarantee_of(share))
         {
             return Ok(());
         }
-        let guarantee = budget.guarantee(self.live_sessions());
-        let kept_for_others = self.kept_for_others(owner);
         if self
             .used
             .saturating_add(amount)
-            .saturating_add(kept_for_others)
+            .saturating_add(self.kept_for_others(owner))
             > budget.capacity
         {
-            return Err(Refusal::Guarantees(guarantee));
+            return Err(Refusal::Guarantees(self.fair));
         }
         Ok(())
     }
+}
+
+/// The part of its guarantee a share does not use, when the fair share is `fair`: nothing
+/// for a session that is not live.
+fn unused_of(share: &Share, fair: u64) -> u64 {
+    if !share.live {
+        return 0;
+    }
+    fair.min(share.reserved).saturating_sub(share.held)
 }
 
 /// Units charged to a [`FairBudget`]; given back when dropped. Hold it exactly as long as
@@ -369,6 +430,11 @@ impl BudgetLease {
         self.amount
     }
 
+    /// The session charged, if any.
+    pub fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
+
     /// Gives back all but `amount` (some of what was charged for was let go of, like a
     /// child's ends of its pipes once it is spawned). Never grows the lease.
     pub fn shrink_to(&mut self, amount: u64) {
@@ -377,6 +443,22 @@ impl BudgetLease {
                 .release(self.owner.as_ref(), self.amount - amount);
             self.amount = amount;
         }
+    }
+}
+
+impl BudgetLease {
+    /// Charges what this lease holds to `session` instead of its owner now, when the
+    /// budget admits it there (a connection's socket once the connection has a session:
+    /// it then counts within that session's guarantee). Refused: nothing changes.
+    pub fn move_to(&mut self, session: &str) -> Result<(), RpcError> {
+        if self.owner.as_deref() == Some(session) {
+            return Ok(());
+        }
+        let moved = self
+            .budget
+            .charge(Some(session), self.amount, "a connection")?;
+        *self = moved;
+        Ok(())
     }
 }
 
@@ -393,23 +475,16 @@ mod tests {
     use super::*;
 
     fn state(capacity: u64, guarantee_cap: u64, max_percent: u64) -> State {
-        State {
-            limits: Limits {
-                capacity,
-                guarantee_cap,
-                max_percent,
-            },
-            used: 0,
-            shares: HashMap::new(),
-        }
+        State::new(Limits {
+            capacity,
+            guarantee_cap,
+            max_percent,
+        })
     }
 
     fn take(state: &mut State, owner: &str, amount: u64) -> Result<(), Refusal> {
         let key = state.key(owner);
-        state.admit(Some(&key), amount)?;
-        state.used += amount;
-        state.share(owner).held += amount;
-        Ok(())
+        state.charge(Some(&key), amount)
     }
 
     #[test]
@@ -491,7 +566,7 @@ mod tests {
         state.start("late");
         assert_eq!(state.guarantee_of(&state.shares["late"]), 50);
         for other in &others {
-            state.shares.get_mut(other.as_str()).unwrap().live = false;
+            state.end(other);
         }
         assert_eq!(state.guarantee_of(&state.shares["late"]), 500);
     }
@@ -505,7 +580,54 @@ mod tests {
             take(&mut state, "hog", 800),
             Err(Refusal::Guarantees(250))
         ));
-        state.share("gone").live = false;
+        state.end("gone");
         assert!(take(&mut state, "hog", 800).is_ok());
+    }
+
+    /// The kept counts agree with counting the shares one by one, whatever the order of
+    /// starts, charges, releases and ends (so a charge never has to walk every session).
+    #[test]
+    fn the_kept_counts_match_a_recount_after_every_change() {
+        let mut state = state(600, 40, 60);
+        let ids: Vec<String> = (0..40).map(|i| format!("s{i}")).collect();
+        let mut seed = 7u64;
+        for round in 0..4_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let id = &ids[(seed >> 33) as usize % ids.len()];
+            match (seed >> 20) % 4 {
+                0 => state.start(id),
+                1 => state.end(id),
+                2 => {
+                    let _ = take(&mut state, id, (seed >> 40) % 9 + 1);
+                }
+                _ => {
+                    let held = state.shares.get(id.as_str()).map_or(0, |share| share.held);
+                    let give_back = held.min((seed >> 44) % 9 + 1);
+                    state.used -= give_back;
+                    if state.shares.contains_key(id.as_str()) {
+                        state.update(id, |share| share.held -= give_back);
+                    }
+                }
+            }
+            let live = state.shares.values().filter(|share| share.live).count() as u64;
+            assert_eq!(state.live, live, "round {round}");
+            assert_eq!(state.fair, state.limits.guarantee(live), "round {round}");
+            let unused: u64 = state
+                .shares
+                .values()
+                .filter(|share| share.live)
+                .map(|share| state.guarantee_of(share).saturating_sub(share.held))
+                .sum();
+            assert_eq!(state.unused, unused, "round {round}");
+            assert!(
+                state
+                    .shares
+                    .values()
+                    .all(|share| share.live || share.held > 0),
+                "idle ended shares are forgotten (round {round})"
+            );
+        }
     }
 }

@@ -27,6 +27,7 @@ impl InProcessConnection {
                 .into(),
             detach_on_close: true,
             drain_on_end: None,
+            descriptor: None,
         };
         let stream = Box::pin(futures_util::stream::poll_fn(move |cx| {
             inbound.poll_recv(cx)

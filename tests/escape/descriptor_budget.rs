@@ -393,3 +393,24 @@ async fn managed_network_connections_are_charged_to_the_session() {
         .expect("the victim's process start");
     hog.close().await;
 }
+
+/// A session's own connection counts within its guarantee: once a connection attaches to a
+/// session its socket is charged to that session. Before, every socket stayed charged to
+/// no session and so could take only what the sessions' guarantees left (half the
+/// capacity): with 1,024 descriptors the 481st initialized connection was refused at
+/// accept (503) while the server had hundreds of descriptors free.
+#[tokio::test]
+async fn a_session_s_own_connection_counts_within_its_guarantee() {
+    let server = server(Some(NOFILE), &[]).await;
+    let mut clients = Vec::new();
+    for _ in 0..600 {
+        clients.push(server.connect_initialized().await);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let first = &mut clients[0];
+    let params = json!({"handleId": "h", "path": uri(&dir.path().join("f")), "mode": "replace"});
+    first
+        .request("fs/open", params)
+        .await
+        .expect("a session keeps room for its own work");
+}

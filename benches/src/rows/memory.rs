@@ -132,13 +132,29 @@ pub async fn rss_per_conn(wanted: impl Fn(&str) -> bool) -> Vec<Row> {
     rows
 }
 
-/// Many connections need more descriptors than the usual soft limit of 1,024.
+/// Descriptors the server is given for the scaling rows when it may have them: its
+/// descriptor budget lets connections (charged to no session) take only what the live
+/// sessions' guarantees leave, at least half of the limit, so 10,000 connections with
+/// their 10,000 sessions need a limit above 20,000 plus the reserve.
+const WANTED_FD_LIMIT: libc::rlim_t = 65_536;
+
+/// Many connections need more descriptors than the usual soft limit of 1,024: the limit
+/// is raised to [`WANTED_FD_LIMIT`] where that is allowed, else to the hard limit.
 pub fn raise_fd_limit() {
     // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
     unsafe {
         let mut limit: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        let wanted = libc::rlimit {
+            rlim_cur: WANTED_FD_LIMIT.max(limit.rlim_cur),
+            rlim_max: WANTED_FD_LIMIT.max(limit.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+            return;
+        }
+        if limit.rlim_cur < limit.rlim_max {
             limit.rlim_cur = limit.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }

@@ -980,6 +980,7 @@ impl Executor {
             ),
             detach_on_close: true,
             drain_on_end: None,
+            descriptor: None,
         };
         let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
             rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))

@@ -39,7 +39,7 @@ use tower_service::Service as _;
 
 use super::accept_backoff::{error_label, is_connection_error, AcceptBackoff};
 use super::pending::{Evictions, PendingSlot, PendingTable};
-use crate::descriptors::{self, DescriptorLease};
+use crate::descriptors::{self, ConnectionCharge};
 use crate::hygiene::DescriptorHeadroom;
 use crate::metrics::{self, Counter, Gauge};
 
@@ -179,7 +179,7 @@ async fn serve(
         let stream = GuardedStream {
             stream,
             _open: OpenConnection::new(permit, metrics.open.clone()),
-            _descriptor: descriptor,
+            descriptor: ConnectionCharge::new(descriptor),
         };
         tokio::spawn(serve_connection(
             stream,
@@ -233,11 +233,12 @@ async fn serve_connection(
     let accepted = Instant::now();
     let deadline = tokio::time::sleep(limits.upgrade_timeout);
     tokio::pin!(deadline);
+    let charge = stream.descriptor.clone();
     let Some(acceptor) = tls else {
         let head_timeout = limits.header_read_timeout;
         serve_http1(
             stream,
-            peer,
+            (peer, charge),
             &slot,
             app,
             head_timeout,
@@ -285,7 +286,7 @@ async fn serve_connection(
             .max(MIN_HEAD_TIME);
         serve_http1(
             stream,
-            peer,
+            (peer, charge),
             &slot,
             app,
             head_timeout,
@@ -308,7 +309,7 @@ const MIN_HEAD_TIME: Duration = Duration::from_millis(10);
 #[allow(clippy::too_many_arguments)]
 async fn serve_http1<S>(
     stream: S,
-    peer: SocketAddr,
+    (peer, charge): (SocketAddr, ConnectionCharge),
     slot: &PendingSlot,
     app: axum::Router,
     head_timeout: Duration,
@@ -323,6 +324,7 @@ async fn serve_http1<S>(
         // A complete request head: the request itself decides from here on.
         promoter.promote();
         request.extensions_mut().insert(ConnectInfo(peer));
+        request.extensions_mut().insert(charge.clone());
         let response = app.clone().call(request);
         async move {
             let mut response = response.await?;
@@ -489,8 +491,9 @@ impl Drop for OpenConnection {
 struct GuardedStream {
     stream: TcpStream,
     _open: OpenConnection,
-    /// The socket's charge to the descriptor budget.
-    _descriptor: DescriptorLease,
+    /// The socket's charge to the descriptor budget; the request's processor holds it too
+    /// (as a request extension) and moves it into the session the connection attaches to.
+    descriptor: ConnectionCharge,
 }
 
 impl AsyncRead for GuardedStream {

@@ -104,6 +104,7 @@ where
         parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".into(),
         detach_on_close: false,
         drain_on_end: Some(Duration::from_millis(server.core.connection.stdio_drain_ms)),
+        descriptor: None,
     };
     serve_connection(
         Arc::clone(&server),

@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::authenticate;
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
+use crate::descriptors::ConnectionCharge;
 use crate::outbound::OutboundDrain;
 use crate::router::StartupError;
 use crate::server::{Listener, ListenerFailed, ListenerKind, ServerContext};
@@ -144,6 +145,7 @@ async fn upgrade(
     request: Request<axum::body::Body>,
 ) -> Response {
     let (mut parts, _body) = request.into_parts();
+    let descriptor = parts.extensions.get::<ConnectionCharge>().cloned();
     let ws = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
@@ -161,7 +163,7 @@ async fn upgrade(
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_message_size(server.core.limits.max_message_bytes)
         .max_frame_size(server.core.websocket.max_frame_bytes)
-        .on_upgrade(move |socket| serve_socket(server, peer, socket))
+        .on_upgrade(move |socket| serve_socket(server, peer, descriptor, socket))
 }
 
 /// True for a message or frame above the configured limits.
@@ -173,7 +175,12 @@ fn is_capacity_error(error: &axum::Error) -> bool {
         .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
 }
 
-async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebSocket) {
+async fn serve_socket(
+    server: Arc<ServerContext>,
+    peer: SocketAddr,
+    descriptor: Option<ConnectionCharge>,
+    socket: WebSocket,
+) {
     // Dropped last, once the socket, its buffers and the connection's state are freed.
     let _open = crate::memory_trim::OpenConnection::new();
     let (sink, stream) = socket.split();
@@ -214,6 +221,7 @@ async fn serve_socket(server: Arc<ServerContext>, peer: SocketAddr, socket: WebS
         ),
         detach_on_close: true,
         drain_on_end: None,
+        descriptor,
     };
     serve_connection(Arc::clone(&server), info, Box::pin(inbound), outbound).await;
     let close_code = too_big.load(Ordering::SeqCst).then_some(CLOSE_TOO_BIG);
