@@ -278,3 +278,54 @@ async fn read_directory_entry_limit() {
         "fs/readDirectory returned 4 entries; limit is 3",
     );
 }
+
+/// `fs/getMetadata` of a name the kernel has cached on a local file system is answered on
+/// the connection's thread, without a worker thread (`exec_server_fs_cached_answers_total`
+/// counts them); a file on another file system (procfs), a missing name and a dangling link
+/// are answered by the worker threads, the same answers as before.
+#[tokio::test]
+async fn cached_metadata_is_answered_without_a_worker_and_the_rest_by_the_workers() {
+    use crate::fair_share::metric;
+    const ANSWERED: &str = "exec_server_fs_cached_answers_total";
+    let server = crate::util::WsServer::start(&[]).await;
+    let mut client = server.connect_initialized().await;
+    let (_keep, dir) = temp_dir();
+    let file = dir.join("f");
+    std::fs::write(&file, b"12345").unwrap();
+    symlink("f", dir.join("link")).unwrap();
+    symlink("missing", dir.join("dangling")).unwrap();
+
+    for _ in 0..3 {
+        let meta = client
+            .call("fs/getMetadata", json!({"path": uri(&dir.join("link"))}))
+            .await;
+        assert_eq!(
+            (meta["isFile"].as_bool(), meta["size"].as_u64()),
+            (Some(true), Some(5))
+        );
+        assert_eq!(meta["isSymlink"], true);
+    }
+    let cached = metric(&server, ANSWERED, "").await;
+    assert!(
+        cached >= 1.0,
+        "a cached name on {} was never answered inline",
+        dir.display()
+    );
+
+    let meta = client
+        .call("fs/getMetadata", json!({"path": "/proc/self/status"}))
+        .await;
+    assert_eq!(meta["isFile"], true);
+    let error = client
+        .call_err(
+            "fs/getMetadata",
+            json!({"path": uri(&dir.join("dangling"))}),
+        )
+        .await;
+    assert_os_error(&error, -32004, libc::ENOENT);
+    let error = client
+        .call_err("fs/getMetadata", json!({"path": uri(&dir.join("none"))}))
+        .await;
+    assert_os_error(&error, -32004, libc::ENOENT);
+    assert_eq!(metric(&server, ANSWERED, "").await, cached);
+}

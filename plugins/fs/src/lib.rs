@@ -37,6 +37,7 @@ mod acl;
 mod ambiguous_names;
 mod answer_room;
 mod blocking;
+mod cached_lookup;
 mod config;
 mod confined;
 mod copy;
