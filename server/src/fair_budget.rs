@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use exec_server_proto::RpcError;
 
 use crate::metrics::{self, Counter, Gauge};
+use crate::sparse_map::shrink_when_sparse;
 
 /// The limits in force.
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +296,7 @@ impl State {
         let (live, after, gone) = (share.live, unused_of(share, self.fair), share.held == 0);
         if gone && !live {
             self.shares.remove(id);
+            shrink_when_sparse(&mut self.shares);
         }
         self.unused = self.unused - before + after;
         if live != was_live {
@@ -629,5 +631,25 @@ mod tests {
                 "idle ended shares are forgotten (round {round})"
             );
         }
+    }
+
+    /// The table gives back its room once the sessions that filled it are gone.
+    #[test]
+    fn the_table_shrinks_when_sessions_leave() {
+        let mut state = state(1_000_000, 64, 50);
+        let ids: Vec<String> = (0..10_000).map(|i| format!("s{i}")).collect();
+        for id in &ids {
+            state.start(id);
+        }
+        let full = state.shares.capacity();
+        for id in &ids {
+            state.end(id);
+        }
+        assert!(state.shares.is_empty());
+        assert!(
+            state.shares.capacity() <= 128,
+            "{} of {full}",
+            state.shares.capacity()
+        );
     }
 }

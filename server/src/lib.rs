@@ -45,6 +45,7 @@ pub mod quota;
 pub mod router;
 pub mod server;
 pub mod session;
+mod sparse_map;
 pub mod transport;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod worker_caches;

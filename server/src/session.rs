@@ -6,6 +6,8 @@
 //! notifications through it, to whichever connection it is attached to at that moment.
 
 use std::collections::HashMap;
+
+use crate::sparse_map::shrink_when_sparse;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -335,21 +337,6 @@ impl SessionRegistry {
     }
 }
 
-/// Below this capacity the session map is never shrunk: a few KiB, not worth a rehash.
-const MIN_SHRUNK_CAPACITY: usize = 64;
-
-/// Gives back the session map's room once it is mostly empty: the table grows with the
-/// peak number of sessions and a hash map never shrinks by itself, so after 10,000
-/// sessions ended it would keep half a megabyte that `malloc_trim` cannot release. It is
-/// shrunk to twice what it holds when under a quarter full, so a mass close costs a few
-/// rehashes of shrinking tables, and a steady count never rehashes.
-fn shrink_when_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
-    let capacity = map.capacity();
-    if capacity > MIN_SHRUNK_CAPACITY && map.len() < capacity / 4 {
-        map.shrink_to((map.len() * 2).max(MIN_SHRUNK_CAPACITY));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,7 +407,7 @@ mod tests {
         }
         assert_eq!(registry.len(), kept.len());
         assert!(
-            registry.capacity() <= MIN_SHRUNK_CAPACITY * 2,
+            registry.capacity() <= crate::sparse_map::MIN_SHRUNK_CAPACITY * 2,
             "{}",
             registry.capacity()
         );
