@@ -281,8 +281,10 @@ async fn read_directory_entry_limit() {
 
 /// `fs/getMetadata` of a name the kernel has cached on a local file system is answered on
 /// the connection's thread, without a worker thread (`exec_server_fs_cached_answers_total`
-/// counts them); a file on another file system (procfs), a missing name and a dangling link
-/// are answered by the worker threads, the same answers as before.
+/// counts them), once a worker judged the mount: the first request on a mount goes to a
+/// worker. A final link to follow, a link inside the path, a file on another file system
+/// (procfs), a missing name and a dangling link are answered by the worker threads, the
+/// same answers as before.
 #[tokio::test]
 async fn cached_metadata_is_answered_without_a_worker_and_the_rest_by_the_workers() {
     use crate::fair_share::metric;
@@ -293,25 +295,45 @@ async fn cached_metadata_is_answered_without_a_worker_and_the_rest_by_the_worker
     let file = dir.join("f");
     std::fs::write(&file, b"12345").unwrap();
     symlink("f", dir.join("link")).unwrap();
+    symlink(".", dir.join("here")).unwrap();
     symlink("missing", dir.join("dangling")).unwrap();
+    let answered = || metric(&server, ANSWERED, "");
 
+    let meta = client
+        .call("fs/getMetadata", json!({"path": uri(&file)}))
+        .await;
+    assert_eq!(meta["size"], 5);
+    assert_eq!(
+        answered().await,
+        0.0,
+        "the first lookup on a mount judges it, on a worker"
+    );
     for _ in 0..3 {
         let meta = client
-            .call("fs/getMetadata", json!({"path": uri(&dir.join("link"))}))
+            .call("fs/getMetadata", json!({"path": uri(&file)}))
             .await;
         assert_eq!(
             (meta["isFile"].as_bool(), meta["size"].as_u64()),
             (Some(true), Some(5))
         );
-        assert_eq!(meta["isSymlink"], true);
     }
-    let cached = metric(&server, ANSWERED, "").await;
-    assert!(
-        cached >= 1.0,
-        "a cached name on {} was never answered inline",
+    let cached = answered().await;
+    assert_eq!(
+        cached,
+        3.0,
+        "a cached name on {} is answered inline",
         dir.display()
     );
 
+    for path in [dir.join("link"), dir.join("here/f")] {
+        let meta = client
+            .call("fs/getMetadata", json!({"path": uri(&path)}))
+            .await;
+        assert_eq!(
+            (meta["isFile"].as_bool(), meta["size"].as_u64()),
+            (Some(true), Some(5))
+        );
+    }
     let meta = client
         .call("fs/getMetadata", json!({"path": "/proc/self/status"}))
         .await;
@@ -327,5 +349,5 @@ async fn cached_metadata_is_answered_without_a_worker_and_the_rest_by_the_worker
         .call_err("fs/getMetadata", json!({"path": uri(&dir.join("none"))}))
         .await;
     assert_os_error(&error, -32004, libc::ENOENT);
-    assert_eq!(metric(&server, ANSWERED, "").await, cached);
+    assert_eq!(answered().await, cached);
 }

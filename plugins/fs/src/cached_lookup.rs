@@ -14,15 +14,26 @@
 //!   is never reused while the system runs.
 //!
 //! The answer is used only when that mount's file system keeps its attributes in memory:
-//! its superblock magic, read once per mount with `statmount(2)` (which reads the mount
-//! table, never the file system), is in [`LOCAL_MAGICS`]. Anything else (an error, a
-//! name not in the cache, another file system, an older kernel) is answered by the worker
-//! threads as before, with every guarantee they give: so a stuck mount still stalls only
-//! the requests that touch it.
+//! its superblock magic is in [`LOCAL_MAGICS`]. A mount is judged once, by `statmount(2)`
+//! on a worker thread in the asking session's share ([`judge_mount`]): `statmount` reads
+//! the mount table, whose lock is system-wide and may be held for long by anyone changing
+//! mounts, so it never runs on the caller's thread; until its mount is judged a path is
+//! answered by the workers. Overlayfs is not on the list: it passes `AT_STATX_DONT_SYNC`
+//! to its layers, and a FUSE or network lower layer then answers with stale or
+//! placeholder attributes.
+//!
+//! The work a lookup may do here is bounded too: the path has at most [`MAX_PATH_BYTES`]
+//! and no symbolic link is followed (`RESOLVE_NO_SYMLINKS`), so a path through links, or
+//! a final link to follow, goes to the workers.
+//!
+//! Anything else (an error, a name not in the cache, another file system, an older
+//! kernel) is answered by the worker threads as before, with every guarantee they give:
+//! so a stuck mount still stalls only the requests that touch it.
 //!
 //! Closing the `O_PATH` descriptor can do work too: when it holds the last reference to a
-//! file already unlinked, the close frees its blocks, which takes long for a large file.
-//! The descriptor of a file that is unlinked or larger than [`SMALL_FILE_BLOCKS`] is
+//! file already unlinked, the close frees its blocks, which takes long for a large file,
+//! and on another file system it may ask that file system. The descriptor of a file that
+//! is unlinked, larger than [`SMALL_FILE_BLOCKS`], or not on a judged local mount is
 //! therefore closed by a thread of its own ([`close_later`]), never on the caller's.
 
 use std::collections::HashMap;
@@ -41,17 +52,19 @@ use crate::describe::describe_statx;
 const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
 
 /// Superblock magics of file systems whose lookups and attributes, once cached, are
-/// answered from memory: ext2/3/4, XFS, Btrfs, tmpfs, ramfs, F2FS and overlayfs (which
-/// passes `AT_STATX_DONT_SYNC` on to its layers).
-const LOCAL_MAGICS: [u64; 7] = [
+/// answered from memory: ext2/3/4, XFS, Btrfs, tmpfs, ramfs and F2FS.
+const LOCAL_MAGICS: [u64; 6] = [
     0xEF53,      // ext2, ext3, ext4
     0x5846_5342, // XFS
     0x9123_683E, // Btrfs
     0x0102_1994, // tmpfs
     0x8584_58F6, // ramfs
     0xF2F5_2010, // F2FS
-    0x794C_7630, // overlayfs
 ];
+
+/// The longest path looked up here: with no links followed, the walk is at most this
+/// many bytes of names.
+const MAX_PATH_BYTES: usize = 1024;
 
 /// Files larger than this many 512-byte blocks (1 MiB) are closed on the closer thread:
 /// closing the last reference to one unlinked meanwhile frees its blocks.
@@ -60,43 +73,66 @@ const SMALL_FILE_BLOCKS: u64 = 2048;
 /// Mounts judged so far, by unique id; bounded, as mounts come and go.
 const MAX_KNOWN_MOUNTS: usize = 4096;
 
-/// The metadata of `path` (following a final symbolic link when `follow`) if the kernel
-/// has it cached on a file system in [`LOCAL_MAGICS`]; `None`: ask the worker threads.
-pub(crate) fn metadata(path: &Path, follow: bool) -> Option<Metadata> {
-    let own = cached_stat(path, false)?;
-    let is_symlink = own.stx_mode & 0o170_000 == 0o120_000;
-    let described = if follow && is_symlink {
-        cached_stat(path, true)?
-    } else {
-        own
-    };
-    answered().inc();
-    Some(describe_statx(is_symlink, &described))
+/// What the cache could say about a path.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    Answer(Metadata),
+    /// Ask the worker threads; with the unique id of a mount not judged yet, which the
+    /// worker should judge ([`judge_mount`]).
+    Ask(Option<u64>),
 }
 
-/// `statx` of `path` through a cache-only lookup, when its mount is local.
-fn cached_stat(path: &Path, follow: bool) -> Option<Statx> {
+/// The metadata of `path` (following a final symbolic link when `follow`) if the kernel
+/// has it cached on a judged mount of a file system in [`LOCAL_MAGICS`].
+pub(crate) fn metadata(path: &Path, follow: bool) -> Lookup {
+    let own = match cached_stat(path, false) {
+        Ok(stat) => stat,
+        Err(unjudged) => return Lookup::Ask(unjudged),
+    };
+    let is_symlink = own.stx_mode & 0o170_000 == 0o120_000;
+    if follow && is_symlink {
+        // Following it is a link walk, which is left to the workers.
+        return Lookup::Ask(None);
+    }
+    answered().inc();
+    Lookup::Answer(describe_statx(is_symlink, &own))
+}
+
+/// `statx` of `path` (not following a final link) through a cache-only lookup, when its
+/// mount is judged local; else the mount id still to judge, if that is why.
+fn cached_stat(path: &Path, follow: bool) -> Result<Statx, Option<u64>> {
+    if path.as_os_str().len() > MAX_PATH_BYTES {
+        return Err(None);
+    }
     let mut flags = OFlags::PATH | OFlags::CLOEXEC;
     if !follow {
         flags |= OFlags::NOFOLLOW;
     }
+    let resolve = ResolveFlags::CACHED | ResolveFlags::NO_SYMLINKS;
     let fd: OwnedFd =
-        rustix::fs::openat2(CWD, path, flags, Mode::empty(), ResolveFlags::CACHED).ok()?;
+        rustix::fs::openat2(CWD, path, flags, Mode::empty(), resolve).map_err(|_| None)?;
     let wanted = StatxFlags::BASIC_STATS
         | StatxFlags::BTIME
         | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
-    let stat = rustix::fs::statx(
-        fd.as_fd(),
-        "",
-        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
-        wanted,
-    )
-    .ok()?;
-    if stat.stx_nlink == 0 || stat.stx_blocks > SMALL_FILE_BLOCKS {
+    let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
+    let Ok(stat) = rustix::fs::statx(fd.as_fd(), "", flags, wanted) else {
+        close_later(fd);
+        return Err(None);
+    };
+    let verdict = if stat.stx_mask & STATX_MNT_ID_UNIQUE == 0 {
+        Some(false)
+    } else {
+        known_mount(stat.stx_mnt_id)
+    };
+    let small = stat.stx_nlink > 0 && stat.stx_blocks <= SMALL_FILE_BLOCKS;
+    if verdict != Some(true) || !small {
         close_later(fd);
     }
-    let unique_mount = stat.stx_mask & STATX_MNT_ID_UNIQUE != 0;
-    (unique_mount && is_local(stat.stx_mnt_id)).then_some(stat)
+    match verdict {
+        Some(true) => Ok(stat),
+        Some(false) => Err(None),
+        None => Err(Some(stat.stx_mnt_id)),
+    }
 }
 
 /// Closes `fd` on the closer thread: its close may free the blocks of an unlinked file.
@@ -129,20 +165,32 @@ fn closed_later() -> usize {
     CLOSED_LATER.load(std::sync::atomic::Ordering::SeqCst)
 }
 
-/// Whether the mount with unique id `mount` holds a file system in [`LOCAL_MAGICS`].
-fn is_local(mount: u64) -> bool {
+/// Mounts judged so far, by unique id: whether each holds a file system in
+/// [`LOCAL_MAGICS`].
+fn known_mounts() -> &'static Mutex<HashMap<u64, bool>> {
     static KNOWN: OnceLock<Mutex<HashMap<u64, bool>>> = OnceLock::new();
-    let known = KNOWN.get_or_init(Mutex::default);
-    if let Some(local) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&mount) {
-        return *local;
+    KNOWN.get_or_init(Mutex::default)
+}
+
+/// The verdict on the mount with unique id `mount`; `None` until it is judged.
+fn known_mount(mount: u64) -> Option<bool> {
+    let known = known_mounts().lock().unwrap_or_else(|e| e.into_inner());
+    known.get(&mount).copied()
+}
+
+/// Judges the mount with unique id `mount` by its superblock magic. Blocking: run it on a
+/// worker thread, never on the runtime's (see the module text).
+pub(crate) fn judge_mount(mount: u64) {
+    if known_mount(mount).is_some() {
+        return;
     }
     let local = superblock_magic(mount).is_some_and(|magic| LOCAL_MAGICS.contains(&magic));
-    let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
+    let mut known = known_mounts().lock().unwrap_or_else(|e| e.into_inner());
     if known.len() >= MAX_KNOWN_MOUNTS {
+        // Mounts come and go; the ones still used are judged again on their next lookup.
         known.clear();
     }
     known.insert(mount, local);
-    local
 }
 
 /// The superblock magic of the mount with unique id `mount`, by `statmount(2)`.
@@ -208,18 +256,84 @@ fn answered() -> &'static Counter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// Held by tests that forget mounts, and by [`answer`]: the table is process-wide.
+    static MOUNT_TABLE: Mutex<()> = Mutex::new(());
+
+    fn hold_mount_table() -> std::sync::MutexGuard<'static, ()> {
+        MOUNT_TABLE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer for `path`, judging its mount first as a worker would.
+    pub(crate) fn answer(path: &Path, follow: bool) -> Option<Metadata> {
+        let _table = hold_mount_table();
+        if let Lookup::Ask(Some(mount)) = metadata(path, follow) {
+            judge_mount(mount);
+        }
+        match metadata(path, follow) {
+            Lookup::Answer(answer) => Some(answer),
+            Lookup::Ask(_) => None,
+        }
+    }
+
     #[test]
-    fn other_file_systems_and_missing_names_go_to_the_workers() {
-        assert_eq!(metadata(Path::new("/proc/self/status"), true), None);
-        assert_eq!(metadata(Path::new("/no/such/path/anywhere"), true), None);
+    fn other_file_systems_missing_names_and_links_go_to_the_workers() {
+        assert_eq!(answer(Path::new("/proc/self/status"), true), None);
+        assert_eq!(answer(Path::new("/no/such/path/anywhere"), true), None);
         let dir = tempfile::tempdir().unwrap();
-        let dangling = dir.path().join("dangling");
-        std::os::unix::fs::symlink("missing", &dangling).unwrap();
-        let _ = std::fs::symlink_metadata(&dangling);
-        assert_eq!(metadata(&dangling, true), None);
+        if answer(dir.path(), true).is_none() {
+            eprintln!(
+                "SKIP: {} is not answered from the cache",
+                dir.path().display()
+            );
+            return;
+        }
+        std::fs::write(dir.path().join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink("file", dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(".", dir.path().join("here")).unwrap();
+        let _ = std::fs::metadata(dir.path().join("here/link"));
+        // A final link is described as itself here, and followed only by the workers;
+        // a link inside the path is never walked here.
+        let link = dir.path().join("link");
+        assert!(answer(&link, false).is_some_and(|own| own.is_symlink));
+        assert_eq!(answer(&link, true), None);
+        assert_eq!(answer(&dir.path().join("here/file"), true), None);
+        // A long path is not walked here either.
+        let long = format!(
+            "{}/{}file",
+            dir.path().display(),
+            "./".repeat(MAX_PATH_BYTES)
+        );
+        let _ = std::fs::metadata(&long);
+        assert_eq!(answer(Path::new(&long), true), None);
+    }
+
+    /// A mount is judged by a worker (`judge_mount`) before any path on it is answered.
+    #[test]
+    fn an_unjudged_mount_is_left_to_the_workers_until_judged() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        if answer(&file, true).is_none() {
+            eprintln!("SKIP: {} is not answered from the cache", file.display());
+            return;
+        }
+        let _table = hold_mount_table();
+        known_mounts()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let Lookup::Ask(Some(mount)) = metadata(&file, true) else {
+            panic!("a path on a mount not judged yet was answered");
+        };
+        assert_eq!(known_mount(mount), None);
+        judge_mount(mount);
+        assert_eq!(known_mount(mount), Some(true));
+        assert!(matches!(metadata(&file, true), Lookup::Answer(_)));
+        judge_mount(u64::MAX - 7);
+        assert_eq!(known_mount(u64::MAX - 7), Some(false));
     }
 
     /// The descriptor of a large file is closed on the closer thread (the last close of
@@ -230,7 +344,7 @@ mod tests {
     fn large_files_are_closed_on_the_closer_thread() {
         use std::os::unix::fs::FileExt;
         let dir = tempfile::tempdir().unwrap();
-        if metadata(dir.path(), true).is_none() {
+        if answer(dir.path(), true).is_none() {
             eprintln!(
                 "SKIP: {} is not answered from the cache",
                 dir.path().display()
@@ -242,20 +356,24 @@ mod tests {
         file.write_all_at(&vec![1u8; 2 << 20], 0).unwrap();
         let _ = std::fs::metadata(&large);
         let closed = closed_later();
-        let answer = metadata(&large, true).expect("a cached local file");
-        assert_eq!(answer.size, 2 << 20);
-        assert_eq!(closed_later(), closed + 1);
+        let answered = answer(&large, true).expect("a cached local file");
+        assert_eq!(answered.size, 2 << 20);
+        assert!(closed_later() > closed);
 
         let gone = dir.path().join("gone");
         let kept = std::fs::File::create(&gone).unwrap();
         std::fs::remove_file(&gone).unwrap();
         let magic = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&kept));
         let _ = std::fs::metadata(&magic);
-        assert_eq!(metadata(Path::new(&magic), true), None);
+        assert_eq!(answer(Path::new(&magic), true), None);
     }
 
+    /// Overlayfs passes `AT_STATX_DONT_SYNC` to its layers: over a FUSE layer it answered
+    /// the FUSE root's placeholder attributes (size 0, modified 1970) where `stat` asks
+    /// the daemon. It stays off the list.
     #[test]
-    fn an_unknown_mount_id_is_not_local() {
-        assert!(!is_local(u64::MAX - 7));
+    fn overlayfs_is_not_judged_local() {
+        const OVERLAYFS_MAGIC: u64 = 0x794C_7630;
+        assert!(!LOCAL_MAGICS.contains(&OVERLAYFS_MAGIC));
     }
 }
