@@ -266,6 +266,20 @@ pub(crate) mod tests {
         MOUNT_TABLE.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A new temporary directory, when paths in it are answered from the cache here (not
+    /// on a kernel before 6.8, or a temporary directory on another file system).
+    pub(crate) fn answerable_tempdir() -> Option<tempfile::TempDir> {
+        let dir = tempfile::tempdir().unwrap();
+        if answer(dir.path(), true).is_none() {
+            eprintln!(
+                "SKIP: {} is not answered from the cache",
+                dir.path().display()
+            );
+            return None;
+        }
+        Some(dir)
+    }
+
     /// The answer for `path`, judging its mount first as a worker would.
     pub(crate) fn answer(path: &Path, follow: bool) -> Option<Metadata> {
         let _table = hold_mount_table();
@@ -282,14 +296,9 @@ pub(crate) mod tests {
     fn other_file_systems_missing_names_and_links_go_to_the_workers() {
         assert_eq!(answer(Path::new("/proc/self/status"), true), None);
         assert_eq!(answer(Path::new("/no/such/path/anywhere"), true), None);
-        let dir = tempfile::tempdir().unwrap();
-        if answer(dir.path(), true).is_none() {
-            eprintln!(
-                "SKIP: {} is not answered from the cache",
-                dir.path().display()
-            );
+        let Some(dir) = answerable_tempdir() else {
             return;
-        }
+        };
         std::fs::write(dir.path().join("file"), b"x").unwrap();
         std::os::unix::fs::symlink("file", dir.path().join("link")).unwrap();
         std::os::unix::fs::symlink(".", dir.path().join("here")).unwrap();
@@ -343,14 +352,9 @@ pub(crate) mod tests {
     #[test]
     fn large_files_are_closed_on_the_closer_thread() {
         use std::os::unix::fs::FileExt;
-        let dir = tempfile::tempdir().unwrap();
-        if answer(dir.path(), true).is_none() {
-            eprintln!(
-                "SKIP: {} is not answered from the cache",
-                dir.path().display()
-            );
+        let Some(dir) = answerable_tempdir() else {
             return;
-        }
+        };
         let large = dir.path().join("large");
         let file = std::fs::File::create(&large).unwrap();
         file.write_all_at(&vec![1u8; 2 << 20], 0).unwrap();
