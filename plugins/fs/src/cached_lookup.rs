@@ -31,16 +31,17 @@
 //! so a stuck mount still stalls only the requests that touch it.
 //!
 //! Closing the `O_PATH` descriptor can do work too: when it holds the last reference to a
-//! file already unlinked, the close frees its blocks, which takes long for a large file,
-//! and on another file system it may ask that file system. The descriptor of a file that
-//! is unlinked, larger than [`SMALL_FILE_BLOCKS`], or not on a judged local mount is
-//! therefore closed by a thread of its own ([`close_later`]), never on the caller's.
+//! file already unlinked, the close frees its blocks; to a mount detached meanwhile, it
+//! tears down the whole file system; on another file system it may ask that file system.
+//! So no descriptor opened here is closed on the caller's thread: each goes to the closer
+//! thread ([`close_later`]), which closes what it was given in batches, [`CLOSE_DELAY`]
+//! after the first, waking once per batch.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 use exec_server_core::metrics::{self, Counter};
 use exec_server_core::proto::fs::Metadata;
@@ -66,9 +67,14 @@ const LOCAL_MAGICS: [u64; 6] = [
 /// many bytes of names.
 const MAX_PATH_BYTES: usize = 1024;
 
-/// Files larger than this many 512-byte blocks (1 MiB) are closed on the closer thread:
-/// closing the last reference to one unlinked meanwhile frees its blocks.
-const SMALL_FILE_BLOCKS: u64 = 2048;
+/// How long the closer thread lets descriptors gather before it closes them: short, as a
+/// descriptor held keeps its file system busy (an `umount` meanwhile fails with `EBUSY`).
+const CLOSE_DELAY: Duration = Duration::from_millis(1);
+
+/// Descriptors waiting for the closer thread at most; beyond (some 64,000 lookups a
+/// second), they are closed where they were opened. They are not charged to the
+/// descriptor budget: this is within `descriptors.reserve`.
+const MAX_WAITING_CLOSES: usize = 64;
 
 /// Mounts judged so far, by unique id; bounded, as mounts come and go.
 const MAX_KNOWN_MOUNTS: usize = 4096;
@@ -115,8 +121,9 @@ fn cached_stat(path: &Path, follow: bool) -> Result<Statx, Option<u64>> {
         | StatxFlags::BTIME
         | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
     let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
-    let Ok(stat) = rustix::fs::statx(fd.as_fd(), "", flags, wanted) else {
-        close_later(fd);
+    let stat = rustix::fs::statx(fd.as_fd(), "", flags, wanted);
+    close_later(fd);
+    let Ok(stat) = stat else {
         return Err(None);
     };
     let verdict = if stat.stx_mask & STATX_MNT_ID_UNIQUE == 0 {
@@ -124,10 +131,6 @@ fn cached_stat(path: &Path, follow: bool) -> Result<Statx, Option<u64>> {
     } else {
         known_mount(stat.stx_mnt_id)
     };
-    let small = stat.stx_nlink > 0 && stat.stx_blocks <= SMALL_FILE_BLOCKS;
-    if verdict != Some(true) || !small {
-        close_later(fd);
-    }
     match verdict {
         Some(true) => Ok(stat),
         Some(false) => Err(None),
@@ -135,24 +138,57 @@ fn cached_stat(path: &Path, follow: bool) -> Result<Statx, Option<u64>> {
     }
 }
 
-/// Closes `fd` on the closer thread: its close may free the blocks of an unlinked file.
-/// Only when that thread cannot take it (4,096 closes already wait for it, or it could
-/// not be started) is it closed here.
+/// Descriptors handed to the closer thread, and how it is woken for the first of a batch.
+#[derive(Default)]
+struct Closes {
+    waiting: Mutex<Vec<OwnedFd>>,
+    first: Condvar,
+}
+
+/// Closes `fd` on the closer thread, within [`CLOSE_DELAY`] or so. Only when that thread
+/// could not be started, or [`MAX_WAITING_CLOSES`] already wait, is it closed here.
 fn close_later(fd: OwnedFd) {
     #[cfg(test)]
     CLOSED_LATER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    static CLOSER: OnceLock<Option<SyncSender<OwnedFd>>> = OnceLock::new();
+    static CLOSER: OnceLock<Option<&'static Closes>> = OnceLock::new();
     let closer = CLOSER.get_or_init(|| {
-        let (queue, closes) = sync_channel::<OwnedFd>(4096);
+        let closes: &'static Closes = Box::leak(Box::default());
         std::thread::Builder::new()
             .name("exec-fs-closer".into())
-            .spawn(move || closes.into_iter().for_each(drop))
+            .spawn(move || closer_main(closes))
             .ok()
-            .map(|_| queue)
+            .map(|_| closes)
     });
-    if let Some(queue) = closer {
-        // A full or gone queue hands the descriptor back, and it is closed here.
-        let _ = queue.try_send(fd);
+    let Some(closes) = closer else {
+        return;
+    };
+    let mut waiting = closes.waiting.lock().unwrap_or_else(|e| e.into_inner());
+    if waiting.len() >= MAX_WAITING_CLOSES {
+        return;
+    }
+    waiting.push(fd);
+    let first = waiting.len() == 1;
+    drop(waiting);
+    if first {
+        closes.first.notify_one();
+    }
+}
+
+/// The closer thread: sleeps until a descriptor comes, lets others gather for
+/// [`CLOSE_DELAY`], closes them all.
+fn closer_main(closes: &Closes) {
+    loop {
+        let mut waiting = closes.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        while waiting.is_empty() {
+            waiting = closes
+                .first
+                .wait(waiting)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        drop(waiting);
+        std::thread::sleep(CLOSE_DELAY);
+        let batch = std::mem::take(&mut *closes.waiting.lock().unwrap_or_else(|e| e.into_inner()));
+        drop(batch);
     }
 }
 
@@ -345,12 +381,13 @@ pub(crate) mod tests {
         assert_eq!(known_mount(u64::MAX - 7), Some(false));
     }
 
-    /// The descriptor of a large file is closed on the closer thread (the last close of
-    /// a large file unlinked meanwhile frees its blocks); the answer is the same. A file
-    /// already unlinked is reachable by path only through a `/proc` magic link, which a
-    /// cache-only lookup does not follow: the workers answer it.
+    /// Every descriptor opened here is closed on the closer thread (the last close of a
+    /// large file unlinked meanwhile frees its blocks; of a mount detached meanwhile, tears
+    /// it down); the answer is the same. A file already unlinked is reachable by path only
+    /// through a `/proc` magic link, which a cache-only lookup does not follow: the
+    /// workers answer it.
     #[test]
-    fn large_files_are_closed_on_the_closer_thread() {
+    fn descriptors_are_closed_on_the_closer_thread() {
         use std::os::unix::fs::FileExt;
         let Some(dir) = answerable_tempdir() else {
             return;
@@ -358,11 +395,24 @@ pub(crate) mod tests {
         let large = dir.path().join("large");
         let file = std::fs::File::create(&large).unwrap();
         file.write_all_at(&vec![1u8; 2 << 20], 0).unwrap();
+        drop(file);
         let _ = std::fs::metadata(&large);
         let closed = closed_later();
         let answered = answer(&large, true).expect("a cached local file");
         assert_eq!(answered.size, 2 << 20);
         assert!(closed_later() > closed);
+        // And the closer thread does close it, soon.
+        let open_on_large = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                .any(|target| target == large)
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while open_on_large() {
+            assert!(std::time::Instant::now() < until, "never closed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
 
         let gone = dir.path().join("gone");
         let kept = std::fs::File::create(&gone).unwrap();
