@@ -449,16 +449,15 @@ impl BudgetLease {
 }
 
 impl BudgetLease {
-    /// Charges what this lease holds to `session` instead of its owner now, when the
-    /// budget admits it there (a connection's socket once the connection has a session:
-    /// it then counts within that session's guarantee). Refused: nothing changes.
-    pub fn move_to(&mut self, session: &str) -> Result<(), RpcError> {
+    /// Charges what this lease holds (`what`, named in a refusal) to `session` instead of
+    /// its owner now, when the budget admits it there (a connection's socket once the
+    /// connection has a session: it then counts within that session's guarantee).
+    /// Refused: nothing changes.
+    pub fn move_to(&mut self, session: &str, what: &str) -> Result<(), RpcError> {
         if self.owner.as_deref() == Some(session) {
             return Ok(());
         }
-        let moved = self
-            .budget
-            .charge(Some(session), self.amount, "a connection")?;
+        let moved = self.budget.charge(Some(session), self.amount, what)?;
         *self = moved;
         Ok(())
     }

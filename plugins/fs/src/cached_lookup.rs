@@ -91,7 +91,7 @@ pub(crate) enum Lookup {
 /// The metadata of `path` (following a final symbolic link when `follow`) if the kernel
 /// has it cached on a judged mount of a file system in [`LOCAL_MAGICS`].
 pub(crate) fn metadata(path: &Path, follow: bool) -> Lookup {
-    let own = match cached_stat(path, false) {
+    let own = match cached_stat(path) {
         Ok(stat) => stat,
         Err(unjudged) => return Lookup::Ask(unjudged),
     };
@@ -106,14 +106,11 @@ pub(crate) fn metadata(path: &Path, follow: bool) -> Lookup {
 
 /// `statx` of `path` (not following a final link) through a cache-only lookup, when its
 /// mount is judged local; else the mount id still to judge, if that is why.
-fn cached_stat(path: &Path, follow: bool) -> Result<Statx, Option<u64>> {
+fn cached_stat(path: &Path) -> Result<Statx, Option<u64>> {
     if path.as_os_str().len() > MAX_PATH_BYTES {
         return Err(None);
     }
-    let mut flags = OFlags::PATH | OFlags::CLOEXEC;
-    if !follow {
-        flags |= OFlags::NOFOLLOW;
-    }
+    let flags = OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW;
     let resolve = ResolveFlags::CACHED | ResolveFlags::NO_SYMLINKS;
     let fd: OwnedFd =
         rustix::fs::openat2(CWD, path, flags, Mode::empty(), resolve).map_err(|_| None)?;
