@@ -160,8 +160,11 @@ impl ConnectionCharge {
     /// it, it stays charged to no session.
     pub fn move_to(&self, session: &str) {
         let mut lease = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(refusal) = lease.move_to(session, "a connection") {
-            tracing::debug!(session, %refusal.message, "a connection stays charged to no session");
+        if !lease.move_to(session) {
+            tracing::debug!(
+                session,
+                "no room in the session's share: its connection stays charged to no session"
+            );
         }
     }
 

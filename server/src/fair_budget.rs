@@ -162,10 +162,7 @@ impl FairBudget {
         amount: u64,
         what: &str,
     ) -> Result<BudgetLease, RpcError> {
-        let mut state = self.lock();
-        let owner = session.map(|id| state.key(id));
-        if let Err(refusal) = state.charge(owner.as_deref(), amount) {
-            drop(state);
+        self.try_charge(session, amount).map_err(|refusal| {
             let (counter, limit, key) = match refusal {
                 Refusal::SessionMax(limit) => {
                     (&self.metrics.refused_session_max, limit, self.names.max_key)
@@ -178,8 +175,19 @@ impl FairBudget {
             };
             counter.inc();
             tracing::debug!(session, amount, what, limit, key, "shared budget reached");
-            return Err((self.names.refusal)(what, limit, key));
-        }
+            (self.names.refusal)(what, limit, key)
+        })
+    }
+
+    /// [`Self::charge`] without a word: a refusal is neither counted nor logged.
+    fn try_charge(
+        &'static self,
+        session: Option<&str>,
+        amount: u64,
+    ) -> Result<BudgetLease, Refusal> {
+        let mut state = self.lock();
+        let owner = session.map(|id| state.key(id));
+        state.charge(owner.as_deref(), amount)?;
         drop(state);
         self.metrics.in_use.add(amount as i64);
         Ok(BudgetLease {
@@ -449,17 +457,21 @@ impl BudgetLease {
 }
 
 impl BudgetLease {
-    /// Charges what this lease holds (`what`, named in a refusal) to `session` instead of
-    /// its owner now, when the budget admits it there (a connection's socket once the
-    /// connection has a session: it then counts within that session's guarantee).
-    /// Refused: nothing changes.
-    pub fn move_to(&mut self, session: &str, what: &str) -> Result<(), RpcError> {
+    /// Charges what this lease holds to `session` instead of its owner now, when the
+    /// budget admits it there (a connection's socket once the connection has a session:
+    /// it then counts within that session's guarantee). `false`: it did not, and nothing
+    /// changed. Not a client's request, so a refusal is not counted as one.
+    pub fn move_to(&mut self, session: &str) -> bool {
         if self.owner.as_deref() == Some(session) {
-            return Ok(());
+            return true;
         }
-        let moved = self.budget.charge(Some(session), self.amount, what)?;
-        *self = moved;
-        Ok(())
+        match self.budget.try_charge(Some(session), self.amount) {
+            Ok(moved) => {
+                *self = moved;
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -650,5 +662,39 @@ mod tests {
             "{} of {full}",
             state.shares.capacity()
         );
+    }
+
+    /// Moving a lease (a connection's socket into its session) is not a client's charge:
+    /// refused, nothing changes and no refusal is counted. Before, the move counted one
+    /// more refusal in `/metrics` than any client was ever told of.
+    #[test]
+    fn a_refused_move_changes_nothing_and_is_not_counted() {
+        static NAMES: BudgetNames = BudgetNames {
+            guarantee_key: "test.guarantee",
+            max_key: "test.max_percent",
+            refusal: RpcError::descriptor_budget,
+            in_use: ("test_move_in_use", "test"),
+            capacity: ("test_move_capacity", "test"),
+            refusals: ("test_move_refusals_total", "test"),
+        };
+        let limits = Limits {
+            capacity: 10,
+            guarantee_cap: 10,
+            max_percent: 50,
+        };
+        let budget: &'static FairBudget = Box::leak(Box::new(FairBudget::new(&NAMES, limits)));
+        let mut lease = budget.charge(None, 5, "a connection").unwrap();
+        let held = budget.charge(Some("s"), 5, "a file").unwrap();
+        let refused =
+            || budget.metrics.refused_session_max.get() + budget.metrics.refused_guarantees.get();
+        assert!(!lease.move_to("s"), "s would hold more than its maximum");
+        assert_eq!((lease.owner(), lease.amount()), (None, 5));
+        assert_eq!(budget.held_by("s"), 5);
+        assert_eq!(refused(), 0);
+        assert!(budget.charge(Some("s"), 1, "a file").is_err());
+        assert_eq!(refused(), 1, "a client's refusal is counted");
+        drop(held);
+        assert!(lease.move_to("s"));
+        assert_eq!((lease.owner(), budget.held_by("s")), (Some("s"), 5));
     }
 }
