@@ -161,7 +161,7 @@ def run(port, method, count):
 
 def perf_counts(server, method, count):
     events = "raw_syscalls:sys_enter,context-switches,cpu-clock"
-    perf = subprocess.Popen(["perf", "stat", "-x,", "-e", events, "--per-thread" if False else "-p",
+    perf = subprocess.Popen(["perf", "stat", "-x,", "-e", events, "-p",
                              str(server.pid)], stderr=subprocess.PIPE, text=True)
     time.sleep(0.2)
     run(server.port, method, count)

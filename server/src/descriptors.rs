@@ -167,12 +167,6 @@ impl ConnectionCharge {
             );
         }
     }
-
-    /// The session the socket is charged to now, if any.
-    pub fn owner(&self) -> Option<String> {
-        let lease = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        lease.owner().map(str::to_owned)
-    }
 }
 
 #[cfg(test)]
