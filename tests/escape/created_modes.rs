@@ -360,6 +360,11 @@ fn can_watch_as_another_user() -> bool {
     true
 }
 
+/// The permission bits of `path` (set-id and sticky bits left out).
+fn permission_bits(path: impl AsRef<std::path::Path>) -> u32 {
+    std::fs::metadata(path).unwrap().mode() & 0o777
+}
+
 #[tokio::test]
 async fn a_watching_user_never_reads_a_replaced_secret() {
     if !can_watch_as_another_user() {
@@ -842,7 +847,7 @@ async fn what_an_acl_denied_the_owning_group_stays_denied() {
         eprintln!("SKIP: this file system keeps no ACLs");
         return;
     }
-    assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, 0o640);
+    assert_eq!(permission_bits(&target), 0o640);
     let mut client = server(None).await;
     replace(&mut client, "acl", &target, "new version").await;
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "new version");
@@ -855,7 +860,7 @@ async fn what_an_acl_denied_the_owning_group_stays_denied() {
     for (name, sandbox) in copies {
         let to = path.join(name);
         copy(&mut client, &target, &to, sandbox).await.unwrap();
-        let mode = std::fs::metadata(&to).unwrap().mode() & 0o777;
+        let mode = permission_bits(&to);
         assert_eq!(mode, 0o600, "{name}: the owning group got the ACL's mask");
     }
 }
@@ -929,7 +934,7 @@ async fn nothing_inherited_or_left_over_grants_what_the_source_denied() {
         None,
         "the new version kept an inherited ACL"
     );
-    assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, 0o640);
+    assert_eq!(permission_bits(&target), 0o640);
     let mut copies = vec![None];
     let policy = landlock_available().then(|| helper_policy(&path));
     if let Some(policy) = &policy {
@@ -939,11 +944,7 @@ async fn nothing_inherited_or_left_over_grants_what_the_source_denied() {
         for to in [inheriting.join(format!("copy-{i}")), existing.clone()] {
             copy(&mut client, &source, &to, sandbox).await.unwrap();
             assert_eq!(acl_of(&to), None, "{to:?} grants uid 65534 through an ACL");
-            assert_eq!(
-                std::fs::metadata(&to).unwrap().mode() & 0o777,
-                0o640,
-                "{to:?}"
-            );
+            assert_eq!(permission_bits(&to), 0o640, "{to:?}");
         }
     }
 }
@@ -1027,11 +1028,7 @@ async fn a_replace_takes_the_permissions_the_target_has_at_close() {
     }
     for file in [&target, &fresh] {
         assert_eq!(std::fs::read_to_string(file).unwrap(), "v2");
-        assert_eq!(
-            std::fs::metadata(file).unwrap().mode() & 0o777,
-            0o600,
-            "{file:?}"
-        );
+        assert_eq!(permission_bits(file), 0o600, "{file:?}");
     }
 }
 
@@ -1059,11 +1056,7 @@ async fn a_new_file_by_replace_gets_what_its_directory_gives() {
     let params = json!({"path": uri(&written), "dataBase64": b64("content")});
     client.call("fs/writeFile", params).await;
     for file in [&replaced, &written] {
-        assert_eq!(
-            std::fs::metadata(file).unwrap().mode() & 0o777,
-            0o600,
-            "{file:?}"
-        );
+        assert_eq!(permission_bits(file), 0o600, "{file:?}");
     }
 }
 
