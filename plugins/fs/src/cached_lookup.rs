@@ -76,6 +76,28 @@ const CLOSE_DELAY: Duration = Duration::from_millis(1);
 /// descriptor budget: this is within `descriptors.reserve`.
 const MAX_WAITING_CLOSES: usize = 64;
 
+/// Whether the kernel has what this needs (cache-only lookups, 5.12; unique mount ids,
+/// 6.8), found once by looking up `/`: without it every lookup goes straight to the
+/// workers, without the system calls that cannot help.
+fn supported() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let flags = OFlags::PATH | OFlags::CLOEXEC | OFlags::DIRECTORY;
+        let Ok(root) = rustix::fs::openat2(CWD, "/", flags, Mode::empty(), ResolveFlags::CACHED)
+        else {
+            return false;
+        };
+        let unique = StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
+        rustix::fs::statx(
+            &root,
+            "",
+            AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+            unique,
+        )
+        .is_ok_and(|stat| stat.stx_mask & STATX_MNT_ID_UNIQUE != 0)
+    })
+}
+
 /// Mounts judged so far, by unique id; bounded, as mounts come and go.
 const MAX_KNOWN_MOUNTS: usize = 4096;
 
@@ -111,6 +133,9 @@ fn cached_stat(path: &Path) -> Result<Statx, Option<u64>> {
         return Err(None);
     }
     let flags = OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    if !supported() {
+        return Err(None);
+    }
     let resolve = ResolveFlags::CACHED | ResolveFlags::NO_SYMLINKS;
     let fd: OwnedFd =
         rustix::fs::openat2(CWD, path, flags, Mode::empty(), resolve).map_err(|_| None)?;
