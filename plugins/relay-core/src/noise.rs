@@ -12,6 +12,7 @@
 
 mod hybrid_ik;
 mod ik;
+mod ring_aes_gcm;
 
 use std::sync::Arc;
 

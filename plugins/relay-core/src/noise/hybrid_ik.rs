@@ -1,6 +1,7 @@
 //! codex's suite, `Noise_hybridIK_25519+MLKEM768_AESGCM_SHA256` (CODEX-0169 §4.6), over
-//! clatter 2.2.0 with RustCrypto's ML-KEM, the build codex 0.169.0 uses. This is the only
-//! module that names clatter.
+//! clatter 2.2.0 with RustCrypto's ML-KEM, the build codex 0.169.0 uses, and AES-GCM from
+//! ring (`ring_aes_gcm.rs`, the same cipher codex's RustCrypto build computes). These two
+//! are the only modules that name clatter.
 //!
 //! A key of this suite is a pair: an X25519 key and an ML-KEM-768 key. Its bytes (what the
 //! rendezvous hashes into key hashes) are the X25519 public key followed by the ML-KEM
@@ -9,7 +10,6 @@
 
 use base64::Engine as _;
 use clatter::bytearray::ByteArray;
-use clatter::crypto::cipher::AesGcm;
 use clatter::crypto::dh::X25519;
 use clatter::crypto::hash::Sha256;
 use clatter::crypto::kem::rust_crypto_ml_kem::MlKem768;
@@ -17,6 +17,7 @@ use clatter::traits::{Dh, Handshaker, Kem};
 use clatter::{HybridHandshake, HybridHandshakeParams, KeyPair};
 use serde_json::Value;
 
+use super::ring_aes_gcm::RingAesGcm;
 use super::{
     NoiseError, NoiseHandshake, NoiseIdentity, NoisePublicKey, NoiseSuite, RecordCipher,
     MAX_AUTHORIZATION_BYTES,
@@ -39,8 +40,8 @@ const MLKEM_SECRET_LEN: usize = 2_400;
 const MAX_X25519_TEXT: usize = 64;
 const MAX_MLKEM_TEXT: usize = 1_600;
 
-type Handshake = HybridHandshake<X25519, MlKem768, MlKem768, AesGcm, Sha256>;
-type Transport = clatter::transportstate::TransportState<AesGcm, Sha256>;
+type Handshake = HybridHandshake<X25519, MlKem768, MlKem768, RingAesGcm, Sha256>;
+type Transport = clatter::transportstate::TransportState<RingAesGcm, Sha256>;
 type MlKemPublic = <MlKem768 as Kem>::PubKey;
 type MlKemSecret = <MlKem768 as Kem>::SecretKey;
 type X25519Secret = <X25519 as Dh>::PrivateKey;
