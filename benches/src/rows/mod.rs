@@ -31,7 +31,8 @@ const RELAY_ROWS: [&str; 9] = [
 ];
 
 /// Runs every row `wanted` accepts and returns them in table order. The relay rows need
-/// `rtt_ws` and `pipe_out` as their floors, so those run whenever a relay row is wanted.
+/// `rtt_ws`, `pipe_out` and the bare hop (`rtt_ws_hop`, `tput_ws_hop`) for their floors and
+/// targets, so those run whenever a relay row is wanted.
 pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> {
     let relay = RELAY_ROWS.iter().any(|k| wanted(k));
     let mut rows = Vec::new();
@@ -47,11 +48,17 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     if wanted("rtt_stdio") {
         rows.push(rtt::rtt_stdio(budget).await);
     }
-    if wanted("rtt_ws_hop") {
-        rows.push(rtt::rtt_ws_hop(budget).await);
+    let mut hop_rtt = 0.0;
+    if wanted("rtt_ws_hop") || relay {
+        let row = rtt::rtt_ws_hop(budget).await;
+        hop_rtt = row.median;
+        rows.push(row);
     }
-    if wanted("tput_ws_hop") {
-        rows.push(rtt::tput_ws_hop().await);
+    let mut hop_share = 0.0;
+    if wanted("tput_ws_hop") || relay {
+        let row = rtt::tput_ws_hop().await;
+        hop_share = row.median / row.floor.unwrap_or(f64::INFINITY);
+        rows.push(row);
     }
     rows.extend(rps::rps_ws(budget, &wanted).await);
     if wanted("spawn") {
@@ -103,6 +110,8 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
         let floors = relay::LocalFloors {
             rtt_ws: rtt_ws_median,
             pipe_out: pipe_out_rate,
+            hop_rtt,
+            hop_share,
             ws_connect: relay::local_connect(budget).await,
         };
         rows.extend(relay::relay_rows(budget, floors, &wanted).await);
