@@ -315,3 +315,24 @@ async fn metrics_count_processes() {
     // Commands and ids never become labels.
     assert!(!body.contains("sleep"), "{body}");
 }
+
+/// An answer larger than tungstenite's default 16 MiB frame limit (a 20 MiB file is 28 MB of
+/// base64) reaches a client with that default, as codex's is: the server sends long
+/// messages in frames, and the client joins them into one text message.
+#[tokio::test]
+async fn a_large_answer_reaches_a_client_with_the_default_frame_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("large");
+    let data: Vec<u8> = (0..20u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let server = WsServer::start(&[]).await;
+    let mut client = server.connect_initialized().await;
+    let uri = format!("file://{}", path.display());
+    let read = client.call("fs/readFile", json!({"path": uri})).await;
+    assert!(crate::util::b64decode(&read["dataBase64"]) == data);
+    // The connection goes on serving.
+    assert_eq!(
+        client.call("environment/status", json!({})).await,
+        json!({"status": "ready"})
+    );
+}

@@ -109,10 +109,11 @@ class WebSocket:
             self.buf += chunk
 
     def recv(self):
-        """The next text or binary message (control frames skipped)."""
+        """The next text or binary message, its frames joined (control frames skipped)."""
+        parts = []
         while True:
             self._need(2)
-            opcode, n = self.buf[0] & 0x0F, self.buf[1] & 0x7F
+            fin, opcode, n = self.buf[0] & 0x80, self.buf[0] & 0x0F, self.buf[1] & 0x7F
             start = 2
             if n == 126:
                 self._need(4)
@@ -122,8 +123,10 @@ class WebSocket:
                 n, start = struct.unpack("!Q", self.buf[2:10])[0], 10
             self._need(start + n)
             payload, self.buf = self.buf[start:start + n], self.buf[start + n:]
-            if opcode in (1, 2):
-                return payload
+            if opcode in (0, 1, 2):
+                parts.append(payload)
+                if fin:
+                    return b"".join(parts)
 
     def call(self, id_, method, params):
         self.send(json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params}))

@@ -13,3 +13,4 @@ mod pending;
 pub mod stdio;
 pub mod websocket;
 pub mod ws_auth;
+mod ws_upgrade;

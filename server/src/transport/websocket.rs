@@ -7,16 +7,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::extract::ConnectInfo;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
 
 use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::authenticate;
+use super::ws_upgrade::upgrade_request;
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::descriptors::ConnectionCharge;
 use crate::outbound::OutboundDrain;
@@ -35,6 +42,15 @@ inventory::submit! {
 const WS_READ_BUFFER_BYTES: usize = 4 * 1024;
 /// Output is written out once this much is buffered (or at each flush); not preallocated.
 const WS_WRITE_BUFFER_BYTES: usize = 16 * 1024;
+/// A text message longer than this goes out as frames of this size (RFC 6455 §5.4).
+/// tungstenite copies each frame into one output buffer that it writes from the front and
+/// never shrinks: whole, an 87 MB answer was moved forward after every partial socket write
+/// and its 87 MB buffer stayed with the connection. In frames, the buffer stays at one
+/// frame, and clients with tungstenite's default 16 MiB frame limit (codex's) can take
+/// answers of any size their message limit allows.
+const WS_FRAGMENT_BYTES: usize = 256 * 1024;
+
+type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// This transport's name in logs.
 const TRANSPORT: &str = "websocket";
@@ -148,9 +164,9 @@ async fn upgrade(
 ) -> Response {
     let (mut parts, _body) = request.into_parts();
     let descriptor = parts.extensions.get::<ConnectionCharge>().cloned();
-    let ws = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-        Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
+    let upgrade = match upgrade_request(&mut parts) {
+        Ok(upgrade) => upgrade,
+        Err(refusal) => return refusal.into_response(),
     };
     if let Err(failure) = authenticate(&server.core.websocket_auth, &parts.headers) {
         tracing::debug!(%peer, reason = failure.text(), "websocket upgrade refused");
@@ -161,27 +177,38 @@ async fn upgrade(
     }
     // tungstenite's default 128 KiB buffers per direction dominate the cost of an idle
     // connection; these keep large messages at a few hundred syscalls per megabyte.
-    ws.read_buffer_size(WS_READ_BUFFER_BYTES)
+    let config = WebSocketConfig::default()
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
-        .max_message_size(server.core.limits.max_message_bytes)
-        .max_frame_size(server.core.websocket.max_frame_bytes)
-        .on_upgrade(move |socket| serve_socket(server, peer, descriptor, socket))
+        .max_message_size(Some(server.core.limits.max_message_bytes))
+        .max_frame_size(Some(server.core.websocket.max_frame_bytes));
+    let response = upgrade.switching_protocols();
+    tokio::spawn(async move {
+        let upgraded = match upgrade.on_upgrade.await {
+            Ok(upgraded) => upgraded,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "websocket upgrade failed");
+                return;
+            }
+        };
+        let socket =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config))
+                .await;
+        serve_socket(server, peer, descriptor, socket).await;
+    });
+    response
 }
 
 /// True for a message or frame above the configured limits.
-fn is_capacity_error(error: &axum::Error) -> bool {
-    use std::error::Error as _;
-    error
-        .source()
-        .and_then(|source| source.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
-        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+fn is_capacity_error(error: &WsError) -> bool {
+    matches!(error, WsError::Capacity(_))
 }
 
 async fn serve_socket(
     server: Arc<ServerContext>,
     peer: SocketAddr,
     descriptor: Option<ConnectionCharge>,
-    socket: WebSocket,
+    socket: Socket,
 ) {
     // Dropped last, once the socket, its buffers and the connection's state are freed.
     let _open = crate::memory_trim::OpenConnection::new();
@@ -203,7 +230,7 @@ async fn serve_socket(
                     if is_capacity_error(e) {
                         too_big_in_stream.store(true, Ordering::SeqCst);
                     }
-                    tracing::debug!(error = %e, source = ?std::error::Error::source(e), "websocket read ended");
+                    tracing::debug!(error = %e, "websocket read ended");
                     false
                 }
             };
@@ -235,7 +262,7 @@ async fn serve_socket(
 /// nothing for `connection.stalled_peer_timeout_ms` (each feed, flush and ping must finish
 /// in that time; tungstenite accepts a message only once the previous one is written).
 async fn write_messages(
-    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut sink: futures_util::stream::SplitSink<Socket, Message>,
     mut drain: OutboundDrain,
     close_rx: oneshot::Receiver<Option<u16>>,
     ping_every: Duration,
@@ -263,7 +290,7 @@ async fn write_messages(
     }
     if let Ok(Some(code)) = close_rx.await {
         let frame = CloseFrame {
-            code,
+            code: CloseCode::from(code),
             reason: "message too big".into(),
         };
         let _ = drain
@@ -276,18 +303,96 @@ async fn write_messages(
 /// Feeds the whole batch, then flushes once: a burst of notifications costs one write
 /// instead of one per message. `false`: the peer is gone or was given up on.
 async fn write_batch(
-    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    sink: &mut futures_util::stream::SplitSink<Socket, Message>,
     drain: &OutboundDrain,
     batch: &mut Vec<String>,
 ) -> bool {
-    for frame in batch.drain(..) {
-        let fed = drain.write_or_give_up(TRANSPORT, sink.feed(Message::Text(frame.into())));
-        if !matches!(fed.await, Some(Ok(()))) {
-            return false;
+    for text in batch.drain(..) {
+        for message in fragments(text) {
+            let fed = drain.write_or_give_up(TRANSPORT, sink.feed(message));
+            if !matches!(fed.await, Some(Ok(()))) {
+                return false;
+            }
         }
     }
     matches!(
         drain.write_or_give_up(TRANSPORT, sink.flush()).await,
         Some(Ok(()))
     )
+}
+
+/// One text message as what is written: itself when it is short, else a text frame and
+/// continuation frames of [`WS_FRAGMENT_BYTES`] (the last one final), each a view of the
+/// same bytes. A fragment may end inside a UTF-8 sequence: only the whole message must be
+/// valid UTF-8 (RFC 6455 §5.6).
+fn fragments(text: String) -> impl Iterator<Item = Message> {
+    fragments_of(text, WS_FRAGMENT_BYTES)
+}
+
+fn fragments_of(text: String, size: usize) -> impl Iterator<Item = Message> {
+    let (whole, bytes) = if text.len() <= size {
+        (Some(Message::Text(text.into())), Bytes::new())
+    } else {
+        (None, Bytes::from(text))
+    };
+    let len = bytes.len();
+    let frames = (0..len).step_by(size.max(1)).map(move |start| {
+        let end = (start + size).min(len);
+        let opcode = if start == 0 {
+            Data::Text
+        } else {
+            Data::Continue
+        };
+        Message::Frame(Frame::message(
+            bytes.slice(start..end),
+            OpCode::Data(opcode),
+            end == len,
+        ))
+    });
+    whole.into_iter().chain(frames)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(text: &str, size: usize) -> Vec<Frame> {
+        fragments_of(text.to_owned(), size)
+            .map(|m| match m {
+                Message::Frame(f) => f,
+                other => panic!("expected frames, got {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_short_message_is_one_text_message() {
+        let all: Vec<_> = fragments_of("{\"id\":1}".to_owned(), 8).collect();
+        assert_eq!(all, vec![Message::Text("{\"id\":1}".into())]);
+    }
+
+    #[test]
+    fn a_long_message_is_a_text_frame_then_continuations_the_last_final() {
+        // 3-byte characters, cut inside a character at every frame boundary.
+        let text = "€".repeat(1_000);
+        let frames = frames(&text, 1_024);
+        assert_eq!(frames.len(), 3);
+        assert_eq!(frames[0].header().opcode, OpCode::Data(Data::Text));
+        for (i, frame) in frames.iter().enumerate() {
+            if i > 0 {
+                assert_eq!(frame.header().opcode, OpCode::Data(Data::Continue));
+            }
+            assert_eq!(frame.header().is_final, i == frames.len() - 1);
+        }
+        let joined: Vec<u8> = frames.iter().flat_map(|f| f.payload().to_vec()).collect();
+        assert_eq!(joined, text.as_bytes());
+    }
+
+    #[test]
+    fn an_exact_multiple_has_no_empty_last_frame() {
+        let frames = frames(&"a".repeat(4_096), 1_024);
+        assert_eq!(frames.len(), 4);
+        assert!(frames.iter().all(|f| f.payload().len() == 1_024));
+        assert!(frames[3].header().is_final);
+    }
 }
