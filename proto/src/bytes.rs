@@ -52,16 +52,63 @@ pub fn base64_json(bytes: &[u8]) -> Box<RawValue> {
 /// its final buffer: a whole file's answer is then made with one pass over the bytes and
 /// no copy of the encoded text. `member` must be a plain key (letters and digits).
 pub fn base64_object(member: &str, bytes: &[u8]) -> Box<RawValue> {
-    debug_assert!(member.bytes().all(|b| b.is_ascii_alphanumeric()));
-    let mut json = String::with_capacity(bytes.len().div_ceil(3) * 4 + member.len() + 7);
-    json.push_str("{\"");
-    json.push_str(member);
-    json.push_str("\":\"");
-    append_base64(bytes, &mut json);
-    json.push_str("\"}");
-    // SAFETY: one member whose key is plain ASCII and whose value is a quoted run of base64
-    // characters: a well-formed JSON object with no surrounding whitespace.
-    unsafe { RawValue::from_string_unchecked(json) }
+    let mut object = Base64Object::new(member, bytes.len());
+    object.push(bytes);
+    object.finish()
+}
+
+/// [`base64_object`] made from bytes that come in pieces of any size (a file read in
+/// chunks), so they are never held whole: up to two bytes wait between pieces for the
+/// rest of their three-byte group.
+pub struct Base64Object {
+    json: String,
+    carry: [u8; 3],
+    carried: usize,
+}
+
+impl Base64Object {
+    /// An object for `member`, with room for `expected` bytes (a hint, not a limit).
+    pub fn new(member: &str, expected: usize) -> Self {
+        debug_assert!(member.bytes().all(|b| b.is_ascii_alphanumeric()));
+        let mut json = String::with_capacity(expected.div_ceil(3) * 4 + member.len() + 7);
+        json.push_str("{\"");
+        json.push_str(member);
+        json.push_str("\":\"");
+        Self {
+            json,
+            carry: [0; 3],
+            carried: 0,
+        }
+    }
+
+    /// Encodes the next piece.
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        if self.carried > 0 {
+            let take = (3 - self.carried).min(bytes.len());
+            self.carry[self.carried..self.carried + take].copy_from_slice(&bytes[..take]);
+            self.carried += take;
+            bytes = &bytes[take..];
+            if self.carried < 3 {
+                return;
+            }
+            append_base64(&self.carry, &mut self.json);
+            self.carried = 0;
+        }
+        let whole = bytes.len() / 3 * 3;
+        append_base64(&bytes[..whole], &mut self.json);
+        let rest = &bytes[whole..];
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.carried = rest.len();
+    }
+
+    /// The object, the last group padded.
+    pub fn finish(mut self) -> Box<RawValue> {
+        append_base64(&self.carry[..self.carried], &mut self.json);
+        self.json.push_str("\"}");
+        // SAFETY: one member whose key is plain ASCII and whose value is a quoted run of
+        // base64 characters: a well-formed JSON object with no surrounding whitespace.
+        unsafe { RawValue::from_string_unchecked(self.json) }
+    }
 }
 
 /// Decodes client-sent base64 (padded or not, no whitespace).
@@ -89,6 +136,30 @@ pub struct Empty {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_made_in_pieces_is_the_object_made_whole() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(1_000).collect();
+        let whole = base64_object("dataBase64", &data);
+        for sizes in [&[1usize][..], &[2], &[3], &[4, 1, 2], &[7, 0, 5], &[1_000]] {
+            let mut object = Base64Object::new("dataBase64", 10);
+            let mut rest = &data[..];
+            for size in sizes.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (piece, tail) = rest.split_at((*size).min(rest.len()));
+                object.push(piece);
+                rest = tail;
+                if *size == 0 {
+                    object.push(&[]);
+                }
+            }
+            assert_eq!(object.finish().get(), whole.get(), "pieces of {sizes:?}");
+        }
+        let empty = Base64Object::new("dataBase64", 0).finish();
+        assert_eq!(empty.get(), r#"{"dataBase64":""}"#);
+    }
 
     #[test]
     fn round_trips_and_accepts_unpadded() {

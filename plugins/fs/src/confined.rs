@@ -38,16 +38,15 @@ pub(crate) use listing::{read_directory, walk};
 pub(crate) use tree_copy::copy;
 pub(crate) use tree_remove::remove;
 
-/// `fs/readFile`.
-pub(crate) fn read_file(
+/// `fs/readFile`: the regular file to read.
+pub(crate) fn open_to_read(
     policy: &SandboxPolicy,
     path: &Path,
     follow: bool,
-    limit: u64,
-) -> Result<Vec<u8>, RpcError> {
+) -> Result<std::fs::File, RpcError> {
     let approved = policy.approve(path, follow, AccessKind::Read)?;
     let file = open_approved(&approved, path, follow, OFlags::RDONLY, 0)?;
-    crate::regular_file::read_to_limit(crate::regular_file::ensure_regular(file, path)?, limit)
+    crate::regular_file::ensure_regular(file, path)
 }
 
 /// `fs/writeFile`: in place, like the server (§5.7).

@@ -1,9 +1,10 @@
 //! `fs/readFile` (PROTOCOL §5.5): a whole regular file, up to `fs.max_read_file_bytes`.
 
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use exec_server_core::proto::bytes::base64_object;
+use exec_server_core::proto::bytes::Base64Object;
 use exec_server_core::proto::fs::{ReadFileParams, READ_FILE};
 use exec_server_core::proto::RpcError;
 use exec_server_core::Call;
@@ -15,6 +16,7 @@ use serde_json::value::RawValue;
 use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
+use crate::regular_file;
 use crate::routing::{execute_decided, prepare, FsOperation, FsState};
 
 /// The answer, `{"dataBase64":"…"}`, made as raw JSON in one buffer (the server hands a raw
@@ -43,8 +45,13 @@ pub(crate) async fn handle(
 pub(crate) struct Encoded(Box<RawValue>);
 
 impl Encoded {
-    fn of(data: &[u8]) -> Self {
-        Self(base64_object(DATA_BASE64, data))
+    /// Reads and encodes `file` a chunk at a time: the bytes are never held whole, so a
+    /// large file costs its answer's buffer and not another one of its own size.
+    fn of_file(file: File, limit: u64) -> Result<Self, RpcError> {
+        let size = regular_file::size_within(&file, limit)?;
+        let mut object = Base64Object::new(DATA_BASE64, usize::try_from(size).unwrap_or(0));
+        regular_file::read_in_chunks(file, limit, |piece| object.push(piece))?;
+        Ok(Self(object.finish()))
     }
 
     pub(crate) fn into_raw(self) -> Box<RawValue> {
@@ -55,7 +62,7 @@ impl Encoded {
 /// The member of `ReadFileResult` that carries the bytes, as serde names it.
 const DATA_BASE64: &str = "dataBase64";
 
-/// What [`base64_object`] writes before and after the base64 of a result.
+/// What [`Base64Object`] writes before and after the base64 of a result.
 const RESULT_PREFIX: &str = "{\"dataBase64\":\"";
 const RESULT_SUFFIX: &str = "\"}";
 
@@ -93,13 +100,13 @@ impl FsOperation for ReadFile {
     /// milliseconds, which belong off the reactor threads, and doing it here costs no
     /// second trip to the worker threads.
     fn run(self, _deadline: Deadline) -> Result<Encoded, RpcError> {
-        crate::regular_file::read_file(&self.path, self.follow_symlinks, self.limit)
-            .map(|data| Encoded::of(&data))
+        let file = regular_file::open_regular(&self.path, self.follow_symlinks)?;
+        Encoded::of_file(file, self.limit)
     }
 
     fn run_confined(self, policy: &SandboxPolicy) -> Result<Encoded, RpcError> {
-        crate::confined::read_file(policy, &self.path, self.follow_symlinks, self.limit)
-            .map(|data| Encoded::of(&data))
+        let file = crate::confined::open_to_read(policy, &self.path, self.follow_symlinks)?;
+        Encoded::of_file(file, self.limit)
     }
 
     fn helper_params(&self) -> serde_json::Value {
@@ -136,6 +143,7 @@ mod tests {
     use exec_server_core::proto::fs::ReadFileResult;
 
     use super::*;
+    use exec_server_core::proto::bytes::base64_object;
 
     fn read_file(limit: u64) -> ReadFile {
         ReadFile {
