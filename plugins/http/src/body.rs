@@ -1,7 +1,7 @@
 //! Reading a response body: whole, for a buffered answer, or piece by piece into
 //! `http/request/bodyDelta` notifications. Both end at the request's deadline.
 
-use exec_server_core::proto::bytes::encode_base64;
+use exec_server_core::proto::bytes::Base64;
 use exec_server_core::proto::RpcError;
 use std::sync::Arc;
 
@@ -80,7 +80,7 @@ impl Stream {
             };
             for piece in chunk.chunks(MAX_DELTA_BYTES) {
                 seq += 1;
-                if !send(&session, &request_id, seq, encode_base64(piece)).await {
+                if !send(&session, &request_id, seq, piece).await {
                     return;
                 }
             }
@@ -91,7 +91,7 @@ impl Stream {
         let terminal = BodyDelta {
             request_id: &request_id,
             seq,
-            delta_base64: String::new(),
+            delta_base64: Base64(&[]),
             done: true,
             error,
         };
@@ -101,11 +101,11 @@ impl Stream {
 }
 
 /// One non-terminal delta; `false` when it could not be delivered.
-async fn send(session: &Session, request_id: &str, seq: u64, delta_base64: String) -> bool {
+async fn send(session: &Session, request_id: &str, seq: u64, piece: &[u8]) -> bool {
     let delta = BodyDelta {
         request_id,
         seq,
-        delta_base64,
+        delta_base64: Base64(piece),
         done: false,
         error: None,
     };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use exec_server_core::proto::bytes::{decode_base64, encode_base64};
+use exec_server_core::proto::bytes::{base64_json, decode_base64};
 use exec_server_core::proto::RpcError;
 use exec_server_core::{descriptors, Call};
 use reqwest::Method;
@@ -79,11 +79,11 @@ pub(crate) async fn handle(
                 request_id: params.request_id,
             };
             tokio::spawn(stream.run(response, deadline));
-            String::new()
+            base64_json(&[])
         }
         None => {
             let limit = state.config.max_buffered_body_bytes;
-            encode_base64(&body::read_whole(&cx, response, limit, deadline).await?)
+            base64_json(&body::read_whole(&cx, response, limit, deadline).await?)
         }
     };
     Ok(RequestResult {

@@ -1,8 +1,10 @@
 //! The `http/*` messages on the wire (CODEX-NETWORK.md §2): method names, params, results,
 //! the body-delta notification, and the error each refusal answers with.
 
+use exec_server_core::proto::bytes::Base64;
 use exec_server_core::proto::RpcError;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// The family label of gating errors.
 pub const FAMILY_LABEL: &str = "http";
@@ -67,7 +69,9 @@ pub(crate) struct HeaderOut {
 pub(crate) struct RequestResult {
     pub(crate) status: u16,
     pub(crate) headers: Vec<HeaderOut>,
-    pub(crate) body_base64: String,
+    /// A JSON string written as it is: base64 needs no escaping, and serde_json scanning a
+    /// whole body for escapes costs more than encoding it.
+    pub(crate) body_base64: Box<RawValue>,
 }
 
 /// `http/request/bodyDelta`: every member is always written (`error: null`).
@@ -76,7 +80,7 @@ pub(crate) struct RequestResult {
 pub(crate) struct BodyDelta<'a> {
     pub(crate) request_id: &'a str,
     pub(crate) seq: u64,
-    pub(crate) delta_base64: String,
+    pub(crate) delta_base64: Base64<'a>,
     pub(crate) done: bool,
     pub(crate) error: Option<&'a str>,
 }
