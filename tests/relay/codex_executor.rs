@@ -378,3 +378,42 @@ async fn a_cut_codex_executor_socket_resets_its_streams_and_the_session_resumes(
         "ready"
     );
 }
+
+/// codex's executor sends records without waiting for acknowledgements. A harness that
+/// reads a large output late must hold its own socket (the rendezvous's queue towards it
+/// and TCP then hold the rest) rather than take records it has no room for: the old
+/// harness parked them until 64 were ahead and then failed the stream with
+/// `sequence_error` a few MiB into the output.
+#[tokio::test]
+async fn a_harness_that_reads_a_large_output_late_still_gets_all_of_it() {
+    let Some(bin) = codex_bin("a_harness_that_reads_a_large_output_late_still_gets_all_of_it")
+    else {
+        return;
+    };
+    let home = CodexHome::new();
+    let rdv = start_rendezvous(None).await;
+    let _codex = CodexExecutor::start(&bin, &home, &rdv.direct, "env-late").await;
+    let mut client = RelayClient::open(harness_args(&rdv.direct, "env-late")).await;
+    let bytes: u64 = 12 << 20;
+    let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
+    let params = serde_json::json!({"processId": "late", "argv": argv, "cwd": "file:///", "env": {},
+                        "tty": false});
+    client.call("process/start", params).await;
+    // Read nothing while codex writes far more than the harness's inbound queue holds.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let mut received = 0u64;
+    loop {
+        let message = client.next().await;
+        if message["params"]["processId"] != "late" {
+            continue;
+        }
+        match message["method"].as_str() {
+            Some("process/output") => {
+                received += crate::util::b64decode(&message["params"]["chunk"]).len() as u64
+            }
+            Some("process/closed") => break,
+            _ => {}
+        }
+    }
+    assert_eq!(received, bytes);
+}

@@ -113,6 +113,17 @@ pub enum ShutdownMode {
     Flush(CancellationToken),
 }
 
+/// What a stream's physical connection carries besides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// This stream alone (a harness's socket): a codex stream whose application is behind
+    /// stops taking frames, so the physical reader waits and TCP makes the sender wait.
+    Own,
+    /// Other streams too (an executor's socket): it is never held for one stream, whose
+    /// records wait within the reorder window and beyond it fail that stream alone.
+    Shared,
+}
+
 /// Runs a stream until it is reset, closed or lost.
 pub async fn drive_stream(
     mut machine: ReliableStream,
@@ -121,6 +132,7 @@ pub async fn drive_stream(
     app: AppSide,
     resume_grace: Duration,
     shutdown: ShutdownMode,
+    link: Link,
 ) -> StreamEnd {
     let (shutdown, flush_on_shutdown) = match shutdown {
         ShutdownMode::Abort(token) => (token, false),
@@ -171,6 +183,10 @@ pub async fn drive_stream(
             deadline = Some(deadline.map_or(extra, |d| d.min(extra)));
         }
         let deliverable = machine.has_message();
+        // A codex sender never waits for acks: records taken while the application is
+        // behind would only be parked until 64 were ahead, and the stream would fail with
+        // sequence_error in the middle of a large output.
+        let hold = link == Link::Own && semantics == Semantics::Codex && machine.is_holding_back();
         tokio::select! {
             biased;
             _ = shutdown.cancelled(), if !shutting_down => {
@@ -181,7 +197,7 @@ pub async fn drive_stream(
                 machine.begin_close();
                 close_deadline.get_or_insert_with(|| Instant::now() + CLOSE_FLUSH);
             }
-            event = inbox.recv() => match event {
+            event = inbox.recv(), if !hold => match event {
                 None => break StreamEnd::Lost,
                 Some(StreamEvent::Abort(reason)) => break StreamEnd::ResetSent(reason),
                 Some(StreamEvent::Retire(reason)) => break StreamEnd::Retired(reason),

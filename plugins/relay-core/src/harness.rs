@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::{
-    drive_stream, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
+    drive_stream, AppSide, Link, ShutdownMode, StreamEnd, StreamEvent, Uplink, STREAM_INBOX,
 };
 use crate::endpoint::{redact_url, BaseUrl};
 use crate::link::{self, Incoming, LinkTiming};
@@ -407,6 +407,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
             AppSide { to_app, from_app },
             args.resume_grace,
             ShutdownMode::Abort(driver_done.clone()),
+            Link::Own,
         )
         .await;
         let error = match result {

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use exec_server_relay_core::driver::{
-    drive_stream, sleep_until_opt, AppSide, ShutdownMode, StreamEnd, StreamEvent, Uplink,
+    drive_stream, sleep_until_opt, AppSide, Link, ShutdownMode, StreamEnd, StreamEvent, Uplink,
     STREAM_INBOX,
 };
 use exec_server_relay_core::endpoint::BaseUrl;
@@ -939,6 +939,7 @@ impl Executor {
             app,
             Duration::from_millis(self.config.resume_grace_ms),
             ShutdownMode::Flush(self.server.shutdown.clone()),
+            Link::Shared,
         )
         .await;
         tracing::debug!(stream = %sid, end = ?end, "relay stream ended");
