@@ -124,6 +124,56 @@ impl Drop for WsProcess {
     }
 }
 
+/// `codex exec-server --remote URL --environment-id ID --registration-bearer-stdin`: codex's
+/// executor registered with a rendezvous (its token on stdin, which stays open), in a
+/// process group of its own that is killed when this is dropped.
+pub struct CodexExecutor {
+    _child: Child,
+    _stdin: ChildStdin,
+    _home: tempfile_dir::TempHome,
+    group: i32,
+}
+
+impl CodexExecutor {
+    pub async fn start(bin: &Path, registry: &str, environment: &str, token: &str) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let home = tempfile_dir::TempHome::new();
+        let mut cmd = Command::new(bin);
+        cmd.arg("exec-server")
+            .args(["--remote", registry, "--environment-id", environment])
+            .arg("--registration-bearer-stdin")
+            .env("HOME", home.path())
+            .env("CODEX_HOME", home.path())
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawn codex exec-server --remote");
+        let group = child.id().expect("running") as i32;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(format!("{token}\n").as_bytes())
+            .await
+            .expect("codex reads its token");
+        stdin.flush().await.expect("codex reads its token");
+        Self {
+            _child: child,
+            _stdin: stdin,
+            _home: home,
+            group,
+        }
+    }
+}
+
+impl Drop for CodexExecutor {
+    fn drop(&mut self) {
+        // SAFETY: signals the process group this value started; no memory involved.
+        unsafe { libc::kill(-self.group, libc::SIGKILL) };
+    }
+}
+
 /// The first child of `pid`, from `/proc/<pid>/task/<pid>/children`.
 fn first_child(pid: u32) -> Option<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))

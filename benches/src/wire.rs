@@ -42,7 +42,11 @@ impl Rpc for RelayConnection {
     }
 
     async fn recv_text(&mut self) -> Utf8Bytes {
-        let bytes = self.recv().await.expect("relay stream open");
+        let Some(bytes) = self.recv().await else {
+            // The reason is recorded just after the stream's end reaches the receiver.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            panic!("the relay stream ended: {:?}", self.error());
+        };
         bytes.try_into().expect("UTF-8 JSON")
     }
 }

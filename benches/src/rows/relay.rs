@@ -110,10 +110,15 @@ impl RelayPair {
     /// A relay stream keyed for this pair's suite, retrying while the executor is still
     /// registering.
     async fn connect(&self) -> RelayConnection {
+        self.connect_to(ENVIRONMENT).await
+    }
+
+    /// A relay stream to the executor registered as `environment` with this rendezvous.
+    async fn connect_to(&self, environment: &str) -> RelayConnection {
         let mut args =
-            RelayConnectArgs::new(&self.url, ENVIRONMENT, SecretString::new(HARNESS_TOKEN));
+            RelayConnectArgs::new(&self.url, environment, SecretString::new(HARNESS_TOKEN));
         args.identity = Some(Arc::new(NoiseIdentity::generate_for(self.suite)));
-        for _ in 0..200 {
+        for _ in 0..400 {
             match connect_relay(args.clone()).await {
                 Ok(connection) => return connection,
                 Err(RelayError::Registry(e)) if matches!(e.status(), Some(404 | 503)) => {
@@ -280,6 +285,13 @@ pub async fn relay_rows(
             peer: None,
         });
         drop(stream);
+        if suite.name() == HybridIkSuite.name() {
+            if let Some((rtt, out)) = codex_executor_peer(&pair, budget).await {
+                let len = rows.len();
+                rows[len - 2].peer = Some(rtt);
+                rows[len - 1].peer = Some(out);
+            }
+        }
 
         if suite.name() != exec_server_relay_core::noise::DEFAULT_SUITE.name() {
             continue;
@@ -308,6 +320,38 @@ pub async fn relay_rows(
         }
     }
     rows
+}
+
+/// The environment codex's executor registers as beside ours.
+const CODEX_ENVIRONMENT: &str = "env-bench-codex";
+
+/// The codex peer of `rtt_relay_hybrid` and `relay_out_hybrid`: codex 0.171.0's executor
+/// (`codex exec-server --remote`, hybrid suite) registered with the same rendezvous and
+/// driven by the same harness code; `None` without codex or when it fails (reported).
+async fn codex_executor_peer(pair: &RelayPair, budget: Budget) -> Option<(f64, f64)> {
+    let bin = crate::peer::codex()?;
+    let _codex =
+        crate::target::CodexExecutor::start(bin, &pair.url, CODEX_ENVIRONMENT, EXECUTOR_TOKEN)
+            .await;
+    let measured = async {
+        let mut stream = pair.connect_to(CODEX_ENVIRONMENT).await;
+        wire::handshake(&mut stream).await;
+        let (rtt, _) = median_p99(&mut rpc_samples(&mut stream, budget.round_trips / 4).await);
+        let bytes: u64 = 256 << 20;
+        let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let started = Instant::now();
+        let total = wire::run_process(&mut stream, "out", &argv, false).await;
+        assert_eq!(total, bytes, "every byte delivered");
+        (rtt, total as f64 / started.elapsed().as_secs_f64())
+    };
+    match futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(measured)).await {
+        Ok(values) => Some(values),
+        Err(_) => {
+            eprintln!("relay rows: the codex executor measurement failed; its column stays empty");
+            None
+        }
+    }
 }
 
 /// Row keys and texts made at run time live as long as the run.
