@@ -358,6 +358,28 @@ async fn carve_outs_and_deny_entries_are_honoured() {
     );
 }
 
+/// A glob pattern with a character across byte 5 (where a `file:` scheme would end) is a
+/// relative pattern like any other: the read runs (here: the file does not exist) instead
+/// of the request panicking (-32603).
+#[tokio::test]
+async fn a_glob_pattern_with_a_character_across_byte_five_is_a_pattern_like_any_other() {
+    let tree = Tree::new();
+    let mut client = client().await;
+    let mut policy = default_policy(&tree);
+    policy["permissions"]["file_system"]["entries"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"path": {"type": "glob_pattern", "pattern": "ab😀"}, "access": "deny"}));
+    policy["cwd"] = json!(tree.path("allowed"));
+    let error = client
+        .call_err(
+            "fs/readFile",
+            json!({"path": tree.path("allowed/x"), "sandbox": policy}),
+        )
+        .await;
+    assert_eq!(error["code"], -32004, "{error}");
+}
+
 #[tokio::test]
 async fn sandboxed_file_streaming_is_refused() {
     let tree = Tree::new();

@@ -33,12 +33,21 @@ impl PathError {
     }
 }
 
+/// Whether `value` starts with the `file:` scheme, in any case. Compares bytes: client text
+/// need not have a character boundary at byte 5 (`"ab😀"`).
+pub fn has_file_scheme(value: &str) -> bool {
+    value
+        .as_bytes()
+        .get(..5)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case(b"file:"))
+}
+
 /// Parses a wire path: a `file:` URI or a native absolute path.
 pub fn parse_path(value: &str) -> Result<PathBuf, PathError> {
     if value.is_empty() {
         return Err(PathError::Invalid("path must not be empty".into()));
     }
-    if value.len() >= 5 && value[..5].eq_ignore_ascii_case("file:") {
+    if has_file_scheme(value) {
         return parse_file_uri(value);
     }
     if value.starts_with('/') {

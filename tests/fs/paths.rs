@@ -36,6 +36,9 @@ async fn unacceptable_paths_are_refused_with_the_spec_codes() {
         "http://example.com/x",
         "file://host/tmp/x",
         "file:///tmp/x?q",
+        // A multi-byte character across byte 5, where the `file:` scheme would end.
+        "ab😀",
+        "file😀",
     ] {
         let error = client
             .call_err("fs/getMetadata", json!({"path": bad}))

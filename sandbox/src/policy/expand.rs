@@ -210,7 +210,7 @@ impl Expansion {
         if pattern.is_empty() {
             return Err(RpcError::invalid_params("glob_pattern must not be empty"));
         }
-        let is_uri = pattern.len() >= 5 && pattern[..5].eq_ignore_ascii_case("file:");
+        let is_uri = exec_server_proto::path::has_file_scheme(pattern);
         let absolute: String = if is_uri {
             let path = parse_member(pattern, PathMember::Permission, self.request)?;
             path.to_string_lossy().into_owned()
