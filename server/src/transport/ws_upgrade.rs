@@ -2,10 +2,11 @@
 //! left to axum's `WebSocketUpgrade` so the connection is a tokio-tungstenite stream whose
 //! writer can send a large message as several frames (see `websocket::fragments`).
 //!
-//! The checks, their order and their answers are axum's: a method other than `GET` is 405;
-//! a `Connection` header without the `upgrade` token, an `Upgrade` other than `websocket`,
-//! no `Sec-WebSocket-Key` or a `Sec-WebSocket-Version` other than 13 is 400; a request
-//! hyper cannot upgrade is 426.
+//! The checks, their order and their answers are axum's, with the key and version checked
+//! as RFC 6455 §4.2.1 asks: a method other than `GET` is 405; a `Connection` header without
+//! the `upgrade` token, an `Upgrade` other than `websocket`, anything but exactly one
+//! `Sec-WebSocket-Key` that is the base64 of 16 bytes, or anything but exactly one
+//! `Sec-WebSocket-Version: 13` is 400; a request hyper cannot upgrade is 426.
 
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -49,13 +50,14 @@ pub(crate) fn upgrade_request(parts: &mut Parts) -> Result<UpgradeRequest, Refus
             "`Upgrade` header did not include 'websocket'",
         ));
     }
-    let Some(key) = parts.headers.get(header::SEC_WEBSOCKET_KEY).cloned() else {
+    let Some(key) = only(&parts.headers, header::SEC_WEBSOCKET_KEY).filter(|k| is_nonce(k)) else {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
-            "`Sec-WebSocket-Key` header missing",
+            "`Sec-WebSocket-Key` must be one header: the base64 of 16 bytes",
         ));
     };
-    if !is(&parts.headers, header::SEC_WEBSOCKET_VERSION, "13") {
+    let key = key.clone();
+    if only(&parts.headers, header::SEC_WEBSOCKET_VERSION).is_none_or(|v| v != "13") {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
             "`Sec-WebSocket-Version` header did not include '13'",
@@ -95,6 +97,23 @@ fn is(headers: &HeaderMap, name: header::HeaderName, value: &str) -> bool {
     headers
         .get(name)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(value.as_bytes()))
+}
+
+/// The value of `name` when the request has exactly one.
+fn only(headers: &HeaderMap, name: header::HeaderName) -> Option<&HeaderValue> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?;
+    values.next().is_none().then_some(first)
+}
+
+/// The client's nonce: 16 bytes in padded base64, 24 characters.
+fn is_nonce(key: &HeaderValue) -> bool {
+    key.len() == 24
+        && key
+            .to_str()
+            .ok()
+            .and_then(|text| exec_server_proto::bytes::decode_base64(text).ok())
+            .is_some_and(|bytes| bytes.len() == 16)
 }
 
 /// One of the comma-separated tokens of `name` is `token`, ignoring ASCII case.
@@ -153,6 +172,28 @@ mod tests {
         let mut old = VALID;
         old[3] = ("sec-websocket-version", "8");
         assert_eq!(status(Method::GET, &old), StatusCode::BAD_REQUEST);
+        for key in [
+            "",
+            "!!!",
+            "dGhlIHNhbXBsZSBub25jZQ",
+            "dGhlIHNhbXBsZSBub25jZQ==AAAA",
+        ] {
+            let mut bad = VALID;
+            bad[2] = ("sec-websocket-key", key);
+            assert_eq!(
+                status(Method::GET, &bad),
+                StatusCode::BAD_REQUEST,
+                "{key:?}"
+            );
+        }
+        for twice in [VALID[2], VALID[3], ("sec-websocket-version", "8")] {
+            let headers = [&VALID[..], &[twice]].concat();
+            assert_eq!(
+                status(Method::GET, &headers),
+                StatusCode::BAD_REQUEST,
+                "{twice:?}"
+            );
+        }
         // Valid headers, but nothing hyper could upgrade (no OnUpgrade in the request).
         assert_eq!(status(Method::GET, &VALID), StatusCode::UPGRADE_REQUIRED);
     }
