@@ -341,6 +341,15 @@ impl RpcError {
         ))
     }
 
+    /// A read holding a shared fs slot needed room in the connection's outbound budget for
+    /// more of its answer, and the client took none of what it was sent within `ms`.
+    pub fn answer_room_stalled(method: &str, ms: u64) -> Self {
+        Self::internal(format!(
+            "{method}: the client took none of its answers within {ms} ms, so there was no \
+             room for the rest of this one (a read that holds a shared fs slot waits no longer)"
+        ))
+    }
+
     /// A charge the descriptor budget refused (fair share): names what was refused, the
     /// limit that refused it (the session's maximum, or the guarantee every other session
     /// keeps) and the key that sets it.

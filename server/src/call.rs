@@ -44,6 +44,32 @@ pub struct Call {
     pub(crate) response_room: Arc<ResponseRoom>,
 }
 
+/// An owned handle on a request's reserved answer room, for work that makes the answer
+/// away from the request's task (a worker thread reading a file whose size was unknown or
+/// grew) and must reserve each part of it before making it.
+#[derive(Clone)]
+pub struct AnswerRoom {
+    outbound: Outbound,
+    room: Arc<ResponseRoom>,
+}
+
+impl std::fmt::Debug for AnswerRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnswerRoom")
+    }
+}
+
+impl AnswerRoom {
+    /// Adds `bytes` to the request's reservation, waiting until they are free, as
+    /// [`Call::reserve_response_bytes`] does. `false`: the connection is gone.
+    pub async fn reserve_more(&self, bytes: usize) -> bool {
+        self.outbound.reserve(&self.room, bytes).await
+    }
+}
+
+/// `{"id":…,"result":…}` around a result.
+const ENVELOPE: usize = 64;
+
 /// Held while a request waits without counting against `dispatch.max_in_flight`.
 pub struct Parked {
     _waiting: OwnedSemaphorePermit,
@@ -136,11 +162,17 @@ impl Call {
     /// the reservation by one for the sum. An answer above the whole budget waits for the
     /// queue to be empty. `false`: the connection is gone.
     pub async fn reserve_response_bytes(&self, bytes: usize) -> bool {
-        /// `{"id":…,"result":…}` around the result.
-        const ENVELOPE: usize = 64;
-        self.outbound
-            .reserve(&self.response_room, bytes.saturating_add(ENVELOPE))
+        self.answer_room()
+            .reserve_more(bytes.saturating_add(ENVELOPE))
             .await
+    }
+
+    /// This request's answer room, to grow from elsewhere ([`AnswerRoom::reserve_more`]).
+    pub fn answer_room(&self) -> AnswerRoom {
+        AnswerRoom {
+            outbound: self.outbound.clone(),
+            room: Arc::clone(&self.response_room),
+        }
     }
 
     /// Stops counting this request against `dispatch.max_in_flight` while it waits.

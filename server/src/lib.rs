@@ -52,7 +52,7 @@ mod worker_caches;
 pub mod worker_threads;
 
 pub use async_trait::async_trait;
-pub use call::{Call, ConnectionClosed, Parked, ResponseQueued};
+pub use call::{AnswerRoom, Call, ConnectionClosed, Parked, ResponseQueued};
 pub use client_requests::{ClientAnswer, NoAnswer};
 pub use config_section::ConfigSection;
 pub use descriptors::DescriptorLease;

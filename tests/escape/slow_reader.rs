@@ -251,3 +251,33 @@ async fn a_client_that_stops_reading_discoveries_is_held_to_the_outbound_budget(
     );
     server.child.kill().await.unwrap();
 }
+
+/// The same attack on a file whose size says nothing: procfs reports 0 for
+/// `/proc/kallsyms` (about 5 MB). Nothing was reserved for its answers, so 64 of them
+/// were made whole for a peer that read none (+540 MiB); now every piece the reader
+/// encodes is covered by reserved room first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_files_without_a_size_is_held_to_the_outbound_budget() {
+    let unsized_file = "/proc/kallsyms";
+    let length = std::fs::read(unsized_file).map_or(0, |content| content.len());
+    let reported = std::fs::metadata(unsized_file).map_or(1, |m| m.len());
+    if length < 2 << 20 || reported != 0 {
+        eprintln!("SKIP: {unsized_file} is not a large file that reports size 0 here");
+        return;
+    }
+    let (_dir, path) = large_file();
+    let mut server = WsServer::start(&[]).await;
+    let pid = server.child.id().unwrap();
+    others_are_served(&server, &path).await;
+    let baseline = rss_kib(pid);
+
+    let (_stalled, _session) = stalled_asking(&server, "fs/readFile", unsized_file, 64).await;
+    let peak = peak_while_stalled(pid, baseline).await;
+    others_are_served(&server, &path).await;
+    eprintln!(
+        "baseline {} MiB, peak {} MiB while a client did not read {unsized_file}",
+        baseline / 1024,
+        peak / 1024
+    );
+    server.child.kill().await.unwrap();
+}

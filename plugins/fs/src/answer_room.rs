@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use exec_server_core::proto::fs::{ReadBlockParams, ReadBlockResult, READ_FILE};
 use exec_server_core::proto::RpcError;
-use exec_server_core::Call;
+use exec_server_core::{AnswerRoom, Call};
 
+use crate::blocking::{Deadline, PEER_WAIT_IN_SLOT};
 use crate::payload::Base64Bytes;
 use crate::routing::FsState;
 
@@ -36,15 +37,21 @@ pub(crate) async fn handle_read_block(
 
 /// `fs/readFile`: the file's size, read on a worker thread, gives the answer's size, which
 /// is reserved before the file is read. Only an estimate: the file may change before it is
-/// read, and the answer then waits for the difference when it is queued. A path that
-/// cannot be looked at reserves nothing; the read itself reports why.
+/// read, and procfs and sysfs report 0 for files with content, so the reader grows the
+/// reservation before it encodes more than it covers ([`FileAnswerRoom::cover`]). A path
+/// that cannot be looked at reserves nothing; the read itself reports why.
 pub(crate) async fn reserve_for_file(
     config: &FsState,
     cx: &Call,
     path: Result<PathBuf, RpcError>,
     follow_symlinks: bool,
-) {
-    let Ok(path) = path else { return };
+) -> FileAnswerRoom {
+    let mut room = FileAnswerRoom {
+        room: cx.answer_room(),
+        runtime: tokio::runtime::Handle::current(),
+        covered: 0,
+    };
+    let Ok(path) = path else { return room };
     let limit = config.max_read_file_bytes;
     let size = config
         .pool
@@ -53,7 +60,69 @@ pub(crate) async fn reserve_for_file(
         })
         .await;
     if let Ok(Some(size)) = size {
-        cx.reserve_response_bytes(base64_len(size.min(limit))).await;
+        let size = size.min(limit);
+        if cx.reserve_response_bytes(base64_len(size)).await {
+            room.covered = size;
+        }
+    }
+    room
+}
+
+/// Bytes of file a [`FileAnswerRoom`] covers at a time beyond its first reservation.
+const COVER_STEP_BYTES: u64 = 1 << 20;
+
+/// The room reserved for an `fs/readFile` answer that a worker thread makes: every byte
+/// of file it encodes is covered by room reserved first, so a file whose size said
+/// nothing or that grew cannot make answers nobody reserved room for (64 pipelined reads
+/// of a 5 MB procfs file held 540 MiB for a peer that did not read them).
+#[derive(Debug)]
+pub(crate) struct FileAnswerRoom {
+    room: AnswerRoom,
+    runtime: tokio::runtime::Handle,
+    /// Bytes of file the reservation covers.
+    covered: u64,
+}
+
+impl FileAnswerRoom {
+    /// Makes sure the first `total` bytes of file (at most `limit`) are covered, reserving
+    /// at least [`COVER_STEP_BYTES`] more when they are not. Blocks the worker thread it
+    /// runs on while the peer makes no room, no longer than a wait for a peer in a slot
+    /// may last ([`Deadline::for_peer_in_slot`]).
+    pub(crate) fn cover(
+        &mut self,
+        total: u64,
+        limit: u64,
+        deadline: &Deadline,
+    ) -> Result<(), RpcError> {
+        if total <= self.covered {
+            return Ok(());
+        }
+        let target = total
+            .max(self.covered.saturating_add(COVER_STEP_BYTES))
+            .min(limit.max(total));
+        let more = base64_len(target) - base64_len(self.covered);
+        let wait = deadline.for_peer_in_slot();
+        let stalled = || {
+            if wait.instant() == deadline.instant() {
+                // The operation's own deadline came first.
+                deadline.missed()
+            } else {
+                let ms = u64::try_from(PEER_WAIT_IN_SLOT.as_millis()).unwrap_or(u64::MAX);
+                RpcError::answer_room_stalled(READ_FILE, ms)
+            }
+        };
+        let left = wait.remaining().ok_or_else(stalled)?;
+        let room = &self.room;
+        // The timer is made inside the runtime, where `block_on` polls it.
+        let reserve = async { tokio::time::timeout(left, room.reserve_more(more)).await };
+        match self.runtime.block_on(reserve) {
+            Ok(true) => {
+                self.covered = target;
+                Ok(())
+            }
+            // The peer took nothing in time, or the connection is gone.
+            Ok(false) | Err(_) => Err(stalled()),
+        }
     }
 }
 

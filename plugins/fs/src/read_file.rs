@@ -13,6 +13,7 @@ use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use crate::answer_room::FileAnswerRoom;
 use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
@@ -28,12 +29,13 @@ pub(crate) async fn handle(
 ) -> Result<Box<RawValue>, RpcError> {
     let follow_symlinks = params.follow_symlinks.unwrap_or(true);
     let path = host_path(&params.path);
-    let prepared = prepare::<ReadFile>(&config, params)?;
+    let mut prepared = prepare::<ReadFile>(&config, params)?;
     // An answer the server makes has room reserved first. One the fs helper makes is held
     // to the session's helper slots instead (`sandbox.max_helpers_per_session` answers at
     // most), and needs no extra trip to a worker thread for its size.
     if matches!(prepared.decision, SandboxDecision::Unsandboxed) {
-        crate::answer_room::reserve_for_file(&config, &cx, path, follow_symlinks).await;
+        let room = crate::answer_room::reserve_for_file(&config, &cx, path, follow_symlinks);
+        prepared.operation_mut().room = Some(room.await);
     }
     execute_decided(&config, cx.session(), prepared)
         .await
@@ -46,11 +48,23 @@ pub(crate) struct Encoded(Box<RawValue>);
 
 impl Encoded {
     /// Reads and encodes `file` a chunk at a time: the bytes are never held whole, so a
-    /// large file costs its answer's buffer and not another one of its own size.
-    fn of_file(file: File, limit: u64) -> Result<Self, RpcError> {
+    /// large file costs its answer's buffer and not another one of its own size. With a
+    /// `room`, each piece is covered by reserved answer room before it is encoded.
+    fn of_file(
+        file: File,
+        limit: u64,
+        mut room: Option<&mut FileAnswerRoom>,
+        deadline: &Deadline,
+    ) -> Result<Self, RpcError> {
         let size = regular_file::size_within(&file, limit)?;
         let mut object = Base64Object::new(DATA_BASE64, usize::try_from(size).unwrap_or(0));
-        regular_file::read_in_chunks(file, limit, |piece| object.push(piece))?;
+        regular_file::read_in_chunks(file, limit, |piece, total| {
+            if let Some(room) = room.as_deref_mut() {
+                room.cover(total, limit, deadline)?;
+            }
+            object.push(piece);
+            Ok(())
+        })?;
         Ok(Self(object.finish()))
     }
 
@@ -73,6 +87,8 @@ pub(crate) struct ReadFile {
     pub(crate) follow_symlinks: bool,
     /// `fs.max_read_file_bytes`.
     pub(crate) limit: u64,
+    /// The answer's reserved room, when it is made in the server.
+    pub(crate) room: Option<FileAnswerRoom>,
 }
 
 impl FsOperation for ReadFile {
@@ -85,6 +101,7 @@ impl FsOperation for ReadFile {
             path: host_path(&params.path)?,
             follow_symlinks: params.follow_symlinks.unwrap_or(true),
             limit: limits.max_read_file_bytes,
+            room: None,
         })
     }
 
@@ -99,14 +116,15 @@ impl FsOperation for ReadFile {
     /// Reads and encodes in the same job: encoding a large file takes tens of
     /// milliseconds, which belong off the reactor threads, and doing it here costs no
     /// second trip to the worker threads.
-    fn run(self, _deadline: Deadline) -> Result<Encoded, RpcError> {
+    fn run(mut self, deadline: Deadline) -> Result<Encoded, RpcError> {
         let file = regular_file::open_regular(&self.path, self.follow_symlinks)?;
-        Encoded::of_file(file, self.limit)
+        Encoded::of_file(file, self.limit, self.room.as_mut(), &deadline)
     }
 
+    /// In the fs helper: its answers are held to the session's helper slots instead.
     fn run_confined(self, policy: &SandboxPolicy) -> Result<Encoded, RpcError> {
         let file = crate::confined::open_to_read(policy, &self.path, self.follow_symlinks)?;
-        Encoded::of_file(file, self.limit)
+        Encoded::of_file(file, self.limit, None, &Deadline::in_fs_helper(READ_FILE))
     }
 
     fn helper_params(&self) -> serde_json::Value {
@@ -150,6 +168,7 @@ mod tests {
             path: PathBuf::from("/a"),
             follow_symlinks: true,
             limit,
+            room: None,
         }
     }
 

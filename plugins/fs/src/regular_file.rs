@@ -28,13 +28,13 @@ pub(crate) fn size_within(file: &File, limit: u64) -> Result<u64, RpcError> {
     Ok(size)
 }
 
-/// Reads an opened regular file to its end, handing each piece to `each` as it is read,
-/// so the file is never held whole; refused as soon as more than `limit` bytes came (the
-/// file may grow while it is read).
+/// Reads an opened regular file to its end, handing each piece to `each` with the bytes
+/// read so far, so the file is never held whole; refused as soon as more than `limit`
+/// bytes came (the file may grow while it is read) or `each` refuses a piece.
 pub(crate) fn read_in_chunks(
     mut file: File,
     limit: u64,
-    mut each: impl FnMut(&[u8]),
+    mut each: impl FnMut(&[u8], u64) -> Result<(), RpcError>,
 ) -> Result<(), RpcError> {
     // One byte more than the file's size reads a small file and sees its end at once; a
     // file whose size says nothing (most of /proc says 0) is read in pages at least.
@@ -53,7 +53,7 @@ pub(crate) fn read_in_chunks(
         if total > limit {
             return Err(RpcError::file_too_large(limit));
         }
-        each(&buffer[..n]);
+        each(&buffer[..n], total)?;
     }
 }
 
@@ -85,8 +85,9 @@ mod tests {
 
     fn read_file(path: &Path, follow: bool, limit: u64) -> Result<Vec<u8>, RpcError> {
         let mut data = Vec::new();
-        read_in_chunks(open_regular(path, follow)?, limit, |piece| {
-            data.extend_from_slice(piece)
+        read_in_chunks(open_regular(path, follow)?, limit, |piece, _| {
+            data.extend_from_slice(piece);
+            Ok(())
         })?;
         Ok(data)
     }

@@ -174,6 +174,13 @@ pub(crate) struct Prepared<O> {
     pub(crate) decision: SandboxDecision,
 }
 
+impl<O> Prepared<O> {
+    /// The operation, for a handler that completes it before it runs.
+    pub(crate) fn operation_mut(&mut self) -> &mut O {
+        &mut self.operation
+    }
+}
+
 /// Builds `O` from `params` and decides its sandbox, without running it: for a handler
 /// with work to do between the two (`fs/readFile` reserves room for an answer it makes in
 /// the server).
