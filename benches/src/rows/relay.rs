@@ -286,11 +286,10 @@ pub async fn relay_rows(
         });
         drop(stream);
         if suite.name() == HybridIkSuite.name() {
-            if let Some((rtt, out)) = codex_executor_peer(&pair, budget).await {
-                let len = rows.len();
-                rows[len - 2].peer = Some(rtt);
-                rows[len - 1].peer = Some(out);
-            }
+            let (rtt, out) = codex_executor_peer(&pair, budget).await;
+            let len = rows.len();
+            rows[len - 2].peer = rtt;
+            rows[len - 1].peer = out;
         }
 
         if suite.name() != exec_server_relay_core::noise::DEFAULT_SUITE.name() {
@@ -327,31 +326,48 @@ const CODEX_ENVIRONMENT: &str = "env-bench-codex";
 
 /// The codex peer of `rtt_relay_hybrid` and `relay_out_hybrid`: codex 0.171.0's executor
 /// (`codex exec-server --remote`, hybrid suite) registered with the same rendezvous and
-/// driven by the same harness code; `None` without codex or when it fails (reported).
-async fn codex_executor_peer(pair: &RelayPair, budget: Budget) -> Option<(f64, f64)> {
-    let bin = crate::peer::codex()?;
+/// driven by the same harness code; each `None` without codex or when it failed
+/// (reported). A codex stream has no flow control: when the harness reads its output more
+/// slowly than codex writes it for longer than the rendezvous queues for a harness, frames
+/// are dropped and the stream ends with `sequence_error`.
+async fn codex_executor_peer(pair: &RelayPair, budget: Budget) -> (Option<f64>, Option<f64>) {
+    let Some(bin) = crate::peer::codex() else {
+        return (None, None);
+    };
     let _codex =
         crate::target::CodexExecutor::start(bin, &pair.url, CODEX_ENVIRONMENT, EXECUTOR_TOKEN)
             .await;
-    let measured = async {
+    let rtt = reported("rtt", async {
         let mut stream = pair.connect_to(CODEX_ENVIRONMENT).await;
         wire::handshake(&mut stream).await;
-        let (rtt, _) = median_p99(&mut rpc_samples(&mut stream, budget.round_trips / 4).await);
+        median_p99(&mut rpc_samples(&mut stream, budget.round_trips / 4).await).0
+    })
+    .await;
+    let out = reported("output", async {
+        let mut stream = pair.connect_to(CODEX_ENVIRONMENT).await;
+        wire::handshake(&mut stream).await;
         let bytes: u64 = 256 << 20;
         let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let started = Instant::now();
         let total = wire::run_process(&mut stream, "out", &argv, false).await;
         assert_eq!(total, bytes, "every byte delivered");
-        (rtt, total as f64 / started.elapsed().as_secs_f64())
-    };
-    match futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(measured)).await {
-        Ok(values) => Some(values),
-        Err(_) => {
-            eprintln!("relay rows: the codex executor measurement failed; its column stays empty");
-            None
-        }
+        total as f64 / started.elapsed().as_secs_f64()
+    })
+    .await;
+    (rtt, out)
+}
+
+/// `measure`'s value, or `None` (reported) when it panicked.
+async fn reported(what: &str, measure: impl std::future::Future<Output = f64>) -> Option<f64> {
+    use futures_util::FutureExt;
+    let caught = std::panic::AssertUnwindSafe(measure).catch_unwind().await;
+    if caught.is_err() {
+        eprintln!(
+            "relay rows: the codex executor's {what} measurement failed; its column stays empty"
+        );
     }
+    caught.ok()
 }
 
 /// Row keys and texts made at run time live as long as the run.
