@@ -124,24 +124,39 @@ async fn others_are_served(server: &WsServer, path: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_reading_is_held_to_the_outbound_budget() {
+/// A server started with `args` while a client sends `count` requests of `method` with
+/// `params` and reads none of the answers (`what` names them): the server's memory must
+/// stay within [`GROWTH_BOUND_KIB`] and other clients must be served before and after.
+async fn held_to_the_outbound_budget(
+    args: &[&str],
+    method: &str,
+    params: serde_json::Value,
+    count: usize,
+    what: &str,
+) {
     let (_dir, path) = large_file();
-    let mut server = WsServer::start(&[]).await;
+    let mut server = WsServer::start(args).await;
     let pid = server.child.id().unwrap();
     // Warm up the paths a read takes, so the baseline includes what every reader costs.
     others_are_served(&server, &path).await;
     let baseline = rss_kib(pid);
 
-    let (_stalled, _session) = stalled_reader(&server, &path).await;
+    let (_stalled, _session) = stalled_sending(&server, method, params, count).await;
     let peak = peak_while_stalled(pid, baseline).await;
     others_are_served(&server, &path).await;
     eprintln!(
-        "baseline {} MiB, peak {} MiB while a client did not read",
+        "baseline {} MiB, peak {} MiB while a client did not read {what}",
         baseline / 1024,
         peak / 1024
     );
     server.child.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_held_to_the_outbound_budget() {
+    let (_dir, path) = large_file();
+    let params = json!({"path": path});
+    held_to_the_outbound_budget(&[], "fs/readFile", params, REQUESTS, "its files").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,22 +209,8 @@ async fn a_client_that_stops_reading_listings_is_held_to_the_outbound_budget() {
     for i in 0..20_000 {
         std::fs::File::create(dir.path().join(format!("{i:05}-{}", "n".repeat(194)))).unwrap();
     }
-    let path = dir.path().to_str().unwrap().to_owned();
-    let (_file_dir, file) = large_file();
-    let mut server = WsServer::start(&[]).await;
-    let pid = server.child.id().unwrap();
-    others_are_served(&server, &file).await;
-    let baseline = rss_kib(pid);
-
-    let (_stalled, _session) = stalled_asking(&server, "fs/readDirectory", &path, 64).await;
-    let peak = peak_while_stalled(pid, baseline).await;
-    others_are_served(&server, &file).await;
-    eprintln!(
-        "baseline {} MiB, peak {} MiB while a client did not read its listings",
-        baseline / 1024,
-        peak / 1024
-    );
-    server.child.kill().await.unwrap();
+    let params = json!({"path": dir.path().to_str().unwrap()});
+    held_to_the_outbound_budget(&[], "fs/readDirectory", params, 64, "its listings").await;
 }
 
 /// The same with capability discovery: 16 `capabilityRoots/discoverV1` of 16 roots each,
@@ -225,31 +226,18 @@ async fn a_client_that_stops_reading_discoveries_is_held_to_the_outbound_budget(
         std::fs::write(&skill, "z".repeat(900_000)).unwrap();
     }
     let root = exec_server_proto::path::to_file_uri(dir.path());
-    let (_file_dir, file) = large_file();
     let config = config_file("[capabilities]\nmax_total_bytes = 4194304\n");
-    let mut server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
-    let pid = server.child.id().unwrap();
-    others_are_served(&server, &file).await;
-    let baseline = rss_kib(pid);
-
     let roots: Vec<_> = (0..16)
         .map(|i| json!({"id": i.to_string(), "path": root}))
         .collect();
-    let (_stalled, _session) = stalled_sending(
-        &server,
+    held_to_the_outbound_budget(
+        &["--config", config.to_str().unwrap()],
         "capabilityRoots/discoverV1",
         json!({"roots": roots}),
         16,
+        "its discoveries",
     )
     .await;
-    let peak = peak_while_stalled(pid, baseline).await;
-    others_are_served(&server, &file).await;
-    eprintln!(
-        "baseline {} MiB, peak {} MiB while a client did not read its discoveries",
-        baseline / 1024,
-        peak / 1024
-    );
-    server.child.kill().await.unwrap();
 }
 
 /// The same attack on a file whose size says nothing: procfs reports 0 for
@@ -265,19 +253,6 @@ async fn a_client_that_stops_reading_files_without_a_size_is_held_to_the_outboun
         eprintln!("SKIP: {unsized_file} is not a large file that reports size 0 here");
         return;
     }
-    let (_dir, path) = large_file();
-    let mut server = WsServer::start(&[]).await;
-    let pid = server.child.id().unwrap();
-    others_are_served(&server, &path).await;
-    let baseline = rss_kib(pid);
-
-    let (_stalled, _session) = stalled_asking(&server, "fs/readFile", unsized_file, 64).await;
-    let peak = peak_while_stalled(pid, baseline).await;
-    others_are_served(&server, &path).await;
-    eprintln!(
-        "baseline {} MiB, peak {} MiB while a client did not read {unsized_file}",
-        baseline / 1024,
-        peak / 1024
-    );
-    server.child.kill().await.unwrap();
+    let params = json!({"path": unsized_file});
+    held_to_the_outbound_budget(&[], "fs/readFile", params, 64, unsized_file).await;
 }

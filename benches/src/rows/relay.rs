@@ -264,13 +264,7 @@ pub async fn relay_rows(
             peer: None,
         });
 
-        let bytes: u64 = 256 << 20;
-        let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let started = Instant::now();
-        let total = wire::run_process(&mut stream, "out", &argv, false).await;
-        assert_eq!(total, bytes, "every byte delivered");
-        let rate = total as f64 / started.elapsed().as_secs_f64();
+        let rate = output_rate(&mut stream).await;
         rows.push(Row {
             key: leak(format!("relay_out_{suffix}")),
             what: leak(format!(
@@ -346,16 +340,21 @@ async fn codex_executor_peer(pair: &RelayPair, budget: Budget) -> (Option<f64>, 
     let out = reported("output", async {
         let mut stream = pair.connect_to(CODEX_ENVIRONMENT).await;
         wire::handshake(&mut stream).await;
-        let bytes: u64 = 256 << 20;
-        let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let started = Instant::now();
-        let total = wire::run_process(&mut stream, "out", &argv, false).await;
-        assert_eq!(total, bytes, "every byte delivered");
-        total as f64 / started.elapsed().as_secs_f64()
+        output_rate(&mut stream).await
     })
     .await;
     (rtt, out)
+}
+
+/// Bytes/s of 256 MiB of `head -c` output through `stream`, every byte checked to arrive.
+async fn output_rate(stream: &mut RelayConnection) -> f64 {
+    let bytes: u64 = 256 << 20;
+    let argv = ["head", "-c", &bytes.to_string(), "/dev/zero"].map(str::to_owned);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let total = wire::run_process(stream, "out", &argv, false).await;
+    assert_eq!(total, bytes, "every byte delivered");
+    total as f64 / started.elapsed().as_secs_f64()
 }
 
 /// `measure`'s value, or `None` (reported) when it panicked.
