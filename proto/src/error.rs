@@ -342,11 +342,13 @@ impl RpcError {
     }
 
     /// A read holding a shared fs slot needed room in the connection's outbound budget for
-    /// more of its answer, and the client took none of what it was sent within `ms`.
+    /// more of its answer, and none was free within `ms`: the client had not taken enough
+    /// of its earlier answers.
     pub fn answer_room_stalled(method: &str, ms: u64) -> Self {
         Self::internal(format!(
-            "{method}: the client took none of its answers within {ms} ms, so there was no \
-             room for the rest of this one (a read that holds a shared fs slot waits no longer)"
+            "{method}: no room for the rest of this answer within {ms} ms: the client had not \
+             read enough of its earlier answers (connection.outbound_queue_bytes; a read that \
+             holds a shared fs slot waits no longer)"
         ))
     }
 

@@ -67,7 +67,9 @@ impl AnswerRoom {
     }
 }
 
-/// `{"id":…,"result":…}` around a result.
+/// `{"id":,"result":}` around a result (17 bytes) and the few bytes a result object puts
+/// around its payload (`{"dataBase64":""}`, 17 bytes): what a handler reserving for its
+/// payload alone leaves out. The id is added to it.
 const ENVELOPE: usize = 64;
 
 /// Held while a request waits without counting against `dispatch.max_in_flight`.
@@ -162,9 +164,11 @@ impl Call {
     /// the reservation by one for the sum. An answer above the whole budget waits for the
     /// queue to be empty. `false`: the connection is gone.
     pub async fn reserve_response_bytes(&self, bytes: usize) -> bool {
-        self.answer_room()
-            .reserve_more(bytes.saturating_add(ENVELOPE))
-            .await
+        // The id is the client's: a long string id makes a frame longer than a fixed
+        // allowance, and an answer longer than its reservation waits for all of it again.
+        let id = serde_json::to_string(&self.id).map_or(0, |text| text.len());
+        let frame = bytes.saturating_add(ENVELOPE).saturating_add(id);
+        self.answer_room().reserve_more(frame).await
     }
 
     /// This request's answer room, to grow from elsewhere ([`AnswerRoom::reserve_more`]).
@@ -184,5 +188,34 @@ impl Call {
             .ok()?;
         self.in_flight = None;
         Some(Parked { _waiting: waiting })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use exec_server_proto::jsonrpc::{encode_result, RequestId};
+
+    /// What [`Call::reserve_response_bytes`] reserves for a payload covers the frame its
+    /// answer becomes (`{"id":…,"result":{"dataBase64":"…"}}`), whatever the id: a
+    /// 40-character string id outgrew the old fixed allowance, and an answer longer than
+    /// its reservation gave the reservation back and waited for all of it again.
+    #[test]
+    fn the_reservation_covers_the_frame_for_any_id() {
+        let payload = vec![7u8; 999];
+        let raw = exec_server_proto::bytes::base64_object("dataBase64", &payload);
+        let reserved_for = payload.len().div_ceil(3) * 4;
+        for id in [
+            RequestId::Int(i64::MIN),
+            RequestId::Str("x".repeat(40)),
+            RequestId::Str("\"\\\u{1}".repeat(20)),
+        ] {
+            let id_len = serde_json::to_string(&id).unwrap().len();
+            let frame = encode_result(&id, &raw);
+            assert!(
+                frame.len() <= reserved_for + ENVELOPE + id_len,
+                "{frame:.80}"
+            );
+        }
     }
 }

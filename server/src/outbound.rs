@@ -224,10 +224,19 @@ impl Outbound {
     }
 
     /// Reserves `len` bytes of the budget into `slot`, first giving back what `slot`
-    /// held and then waiting for the sum (see [`Outbound::room_for`] for why). `false`:
-    /// the connection is gone.
+    /// held and then waiting for the sum (see [`Outbound::room_for`] for why). A slot that
+    /// already holds the whole budget keeps it: nothing more can be charged, and giving it
+    /// back would let another request make an answer nobody charged while this one grows
+    /// (this one is the answer the budget admits alone). `false`: the connection is gone.
     pub(crate) async fn reserve(&self, slot: &ResponseRoom, len: usize) -> bool {
-        let held = slot.take().map_or(0, |permit| permit.num_permits());
+        let held = match slot.take() {
+            Some(permit) if permit.num_permits() >= self.room.budget as usize => {
+                slot.put(permit);
+                return true;
+            }
+            Some(permit) => permit.num_permits(),
+            None => 0,
+        };
         match self.room.take(held.saturating_add(len)).await {
             Some(permit) => {
                 slot.put(permit);
@@ -565,6 +574,34 @@ mod tests {
         let next = tokio::time::timeout(Duration::from_millis(10), drain.recv()).await;
         assert!(next.is_err());
         assert_eq!(drain.room.bytes.available_permits(), 1000);
+    }
+
+    /// A reservation that reached the whole budget keeps it while its answer grows: given
+    /// back and taken again at each step, it let another request make an answer nobody
+    /// had charged (three reads of a size-0 procfs file grew to 2 GB together).
+    #[tokio::test]
+    async fn a_reservation_of_the_whole_budget_keeps_it_while_it_grows() {
+        let (outbound, _drain) = outbound_queue_with(limits(1000), None);
+        let growing = ResponseRoom::default();
+        assert!(outbound.reserve(&growing, 600).await);
+        assert!(outbound.reserve(&growing, 600).await);
+        // Another request waits for room behind it.
+        let other = tokio::spawn({
+            let outbound = outbound.clone();
+            async move { outbound.reserve(&ResponseRoom::default(), 1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for _ in 0..3 {
+            let more =
+                tokio::time::timeout(Duration::from_millis(100), outbound.reserve(&growing, 600));
+            assert!(
+                more.await.unwrap(),
+                "the holder of the whole budget keeps it"
+            );
+            assert!(!other.is_finished(), "no other request gets room meanwhile");
+        }
+        drop(growing.take());
+        assert!(other.await.unwrap());
     }
 
     #[tokio::test]

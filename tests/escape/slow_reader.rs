@@ -256,3 +256,18 @@ async fn a_client_that_stops_reading_files_without_a_size_is_held_to_the_outboun
     let params = json!({"path": unsized_file});
     held_to_the_outbound_budget(&[], "fs/readFile", params, 64, unsized_file).await;
 }
+
+/// The same attack on answers the fs helper makes: nothing was reserved for a sandboxed
+/// `fs/readFile`, and the helper slot that was to bound them is free again before the
+/// answer waits for room, so every request in flight held a whole answer (64 reads of a
+/// 10 MB file: +900 MiB). Now the most such an answer can be is reserved first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_sandboxed_files_is_held_to_the_outbound_budget() {
+    if !crate::sandbox::landlock_available() {
+        eprintln!("SKIP: no Landlock here, so no fs helper answers");
+        return;
+    }
+    let (_dir, path) = large_file();
+    let params = json!({"path": path, "sandbox": {"sandboxPolicy": {"type": "read-only"}}});
+    held_to_the_outbound_budget(&[], "fs/readFile", params, REQUESTS, "sandboxed files").await;
+}

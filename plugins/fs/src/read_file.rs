@@ -13,7 +13,7 @@ use exec_server_sandbox::policy::{SandboxDecision, SandboxPolicy};
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::answer_room::FileAnswerRoom;
+use crate::answer_room::{base64_len, FileAnswerRoom};
 use crate::blocking::Deadline;
 use crate::config::FsConfig;
 use crate::paths::{helper_path, host_path};
@@ -30,12 +30,17 @@ pub(crate) async fn handle(
     let follow_symlinks = params.follow_symlinks.unwrap_or(true);
     let path = host_path(&params.path);
     let mut prepared = prepare::<ReadFile>(&config, params)?;
-    // An answer the server makes has room reserved first. One the fs helper makes is held
-    // to the session's helper slots instead (`sandbox.max_helpers_per_session` answers at
-    // most), and needs no extra trip to a worker thread for its size.
+    // Room for the answer is reserved before it is made. The server reserves from the
+    // file's size and covers each further piece as it reads. The fs helper's answer comes
+    // whole and its size is not looked at beforehand (a stat in the server would answer for
+    // a path the policy may deny), so the most it can be is reserved: the whole budget,
+    // given back down to the answer's size once it is queued.
     if matches!(prepared.decision, SandboxDecision::Unsandboxed) {
         let room = crate::answer_room::reserve_for_file(&config, &cx, path, follow_symlinks);
         prepared.operation_mut().room = Some(room.await);
+    } else {
+        cx.reserve_response_bytes(base64_len(config.max_read_file_bytes))
+            .await;
     }
     execute_decided(&config, cx.session(), prepared)
         .await
