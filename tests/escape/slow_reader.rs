@@ -49,17 +49,7 @@ fn large_file() -> (tempfile::TempDir, String) {
 /// A client over a plain socket that completes the handshake, sends the attack's
 /// requests and then never reads again. Returns it (the socket stays open) and its session.
 async fn stalled_reader(server: &WsServer, path: &str) -> (Client, String) {
-    stalled_asking(server, "fs/readFile", path, REQUESTS).await
-}
-
-/// [`stalled_reader`] sending `count` requests of `method` for `path`.
-async fn stalled_asking(
-    server: &WsServer,
-    method: &str,
-    path: &str,
-    count: usize,
-) -> (Client, String) {
-    stalled_sending(server, method, json!({"path": path}), count).await
+    stalled_sending(server, "fs/readFile", json!({"path": path}), REQUESTS).await
 }
 
 /// [`stalled_reader`] sending `count` requests of `method` with `params`.

@@ -213,9 +213,11 @@ fn connect_count(budget: Budget) -> usize {
 
 /// Per suite: `relay_connect_*` (a whole new stream: registry, rendezvous, Noise, then
 /// `initialize`; floor: a local websocket connect + `initialize`), `rtt_relay_*` (floor:
-/// the `rtt_ws` median of this run), `relay_out_*` (floor: the `pipe_out` rate of this
-/// run); then, in the default suite, requests/s with 1, 16 and 128 streams against the
-/// same over local websockets.
+/// the `rtt_ws` median of this run; target: the bare hop's round trip + 25 µs),
+/// `relay_out_*` (floor: the `pipe_out` rate of this run; target: 0.8 × the share the bare
+/// hop keeps × the floor), in the hybrid suite with codex's executor behind the same
+/// rendezvous as the peer; then, in the default suite, requests/s with 1, 16 and 128
+/// streams against the same over local websockets.
 pub async fn relay_rows(
     budget: Budget,
     floors: LocalFloors,

@@ -63,7 +63,7 @@ impl Encoded {
     ) -> Result<Self, RpcError> {
         let size = regular_file::size_within(&file, limit)?;
         let mut object = Base64Object::new(DATA_BASE64, usize::try_from(size).unwrap_or(0));
-        regular_file::read_in_chunks(file, limit, |piece, total| {
+        regular_file::read_in_chunks(file, size, limit, |piece, total| {
             if let Some(room) = room.as_deref_mut() {
                 room.cover(total, limit, deadline)?;
             }

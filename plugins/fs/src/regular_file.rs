@@ -30,15 +30,17 @@ pub(crate) fn size_within(file: &File, limit: u64) -> Result<u64, RpcError> {
 
 /// Reads an opened regular file to its end, handing each piece to `each` with the bytes
 /// read so far, so the file is never held whole; refused as soon as more than `limit`
-/// bytes came (the file may grow while it is read) or `each` refuses a piece.
+/// bytes came (the file may grow while it is read) or `each` refuses a piece. `size` is
+/// what [`size_within`] said of it.
 pub(crate) fn read_in_chunks(
     mut file: File,
+    size: u64,
     limit: u64,
     mut each: impl FnMut(&[u8], u64) -> Result<(), RpcError>,
 ) -> Result<(), RpcError> {
     // One byte more than the file's size reads a small file and sees its end at once; a
     // file whose size says nothing (most of /proc says 0) is read in pages at least.
-    let hint = size_within(&file, limit)?.saturating_add(1);
+    let hint = size.saturating_add(1);
     let length = usize::try_from(hint).unwrap_or(CHUNK_BYTES);
     let mut buffer = vec![0u8; length.clamp(MIN_CHUNK_BYTES, CHUNK_BYTES)];
     let mut total: u64 = 0;
@@ -85,7 +87,9 @@ mod tests {
 
     fn read_file(path: &Path, follow: bool, limit: u64) -> Result<Vec<u8>, RpcError> {
         let mut data = Vec::new();
-        read_in_chunks(open_regular(path, follow)?, limit, |piece, _| {
+        let file = open_regular(path, follow)?;
+        let size = size_within(&file, limit)?;
+        read_in_chunks(file, size, limit, |piece, _| {
             data.extend_from_slice(piece);
             Ok(())
         })?;

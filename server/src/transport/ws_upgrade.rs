@@ -33,38 +33,38 @@ impl IntoResponse for Refusal {
 /// Checks the handshake headers and takes the upgrade future out of `parts`.
 pub(crate) fn upgrade_request(parts: &mut Parts) -> Result<UpgradeRequest, Refusal> {
     if parts.method != Method::GET {
-        return Err(refuse(
+        return Err(Refusal(
             StatusCode::METHOD_NOT_ALLOWED,
             "Request method must be `GET`",
         ));
     }
     if !has_token(&parts.headers, header::CONNECTION, "upgrade") {
-        return Err(refuse(
+        return Err(Refusal(
             StatusCode::BAD_REQUEST,
             "Connection header did not include 'upgrade'",
         ));
     }
     if !is(&parts.headers, header::UPGRADE, "websocket") {
-        return Err(refuse(
+        return Err(Refusal(
             StatusCode::BAD_REQUEST,
             "`Upgrade` header did not include 'websocket'",
         ));
     }
     let Some(key) = only(&parts.headers, header::SEC_WEBSOCKET_KEY).filter(|k| is_nonce(k)) else {
-        return Err(refuse(
+        return Err(Refusal(
             StatusCode::BAD_REQUEST,
             "`Sec-WebSocket-Key` must be one header: the base64 of 16 bytes",
         ));
     };
     let key = key.clone();
     if only(&parts.headers, header::SEC_WEBSOCKET_VERSION).is_none_or(|v| v != "13") {
-        return Err(refuse(
+        return Err(Refusal(
             StatusCode::BAD_REQUEST,
             "`Sec-WebSocket-Version` header did not include '13'",
         ));
     }
     let Some(on_upgrade) = parts.extensions.remove::<OnUpgrade>() else {
-        return Err(refuse(
+        return Err(Refusal(
             StatusCode::UPGRADE_REQUIRED,
             "WebSocket request couldn't be upgraded since no upgrade state was present",
         ));
@@ -86,10 +86,6 @@ impl UpgradeRequest {
         )
             .into_response()
     }
-}
-
-fn refuse(status: StatusCode, why: &'static str) -> Refusal {
-    Refusal(status, why)
 }
 
 /// `name` is exactly `value`, ignoring ASCII case.
