@@ -404,6 +404,25 @@ fn config_reference_matches_the_code() {
     }
 }
 
+/// Lifetimes are added to the clock: one near `u64::MAX` overflowed `now + ttl` (a panic
+/// with overflow checks, URLs born expired without them). Found by the `rendezvous` fuzz
+/// target's review.
+#[test]
+fn rendezvous_lifetimes_are_bounded() {
+    let out = run(
+        &["config"],
+        &[(
+            "EXEC_SERVER_RENDEZVOUS__HARNESS_URL_TTL_SECS",
+            "18446744073709551615",
+        )],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out).trim(),
+        "invalid config: rendezvous.harness_url_ttl_secs must be at most 315360000 (ten years), got 18446744073709551615 (from environment variable EXEC_SERVER_RENDEZVOUS__HARNESS_URL_TTL_SECS)"
+    );
+}
+
 #[test]
 fn rendezvous_limits_are_positive_and_one_per_tenant() {
     let out = run(

@@ -145,6 +145,9 @@ impl Default for RendezvousConfig {
     }
 }
 
+/// Largest accepted lifetime or time-out in seconds (ten years).
+const MAX_LIFETIME_SECS: u64 = 10 * 365 * 24 * 3600;
+
 impl RendezvousConfig {
     pub fn load(source: &ConfigSource) -> Result<Self, ConfigError> {
         let config: RendezvousConfig = source.section("rendezvous")?;
@@ -187,6 +190,37 @@ impl RendezvousConfig {
         for (key, value) in positive {
             if value == 0 {
                 return Err(source.invalid(key, "must be greater than zero, got 0"));
+            }
+        }
+        // Lifetimes are added to the clock (`now + ttl`): a bound keeps every sum far from
+        // overflowing, so no URL or authorization is born expired (or panics the service).
+        let lifetimes = [
+            (
+                "rendezvous.executor_url_ttl_secs",
+                config.executor_url_ttl_secs,
+            ),
+            (
+                "rendezvous.harness_url_ttl_secs",
+                config.harness_url_ttl_secs,
+            ),
+            (
+                "rendezvous.authorization_ttl_secs",
+                config.authorization_ttl_secs,
+            ),
+            ("rendezvous.grace_secs", config.grace_secs),
+            (
+                "rendezvous.registration_ttl_secs",
+                config.registration_ttl_secs,
+            ),
+            ("rendezvous.attach_timeout_secs", config.attach_timeout_secs),
+            ("rendezvous.node_lease_secs", config.node_lease_secs),
+        ];
+        for (key, value) in lifetimes {
+            if value > MAX_LIFETIME_SECS {
+                return Err(source.invalid(
+                    key,
+                    format!("must be at most {MAX_LIFETIME_SECS} (ten years), got {value}"),
+                ));
             }
         }
         if config.socket_queue_bytes < MIN_SOCKET_QUEUE_BYTES {

@@ -19,11 +19,14 @@
 //! * `rate_limit` — request rates of the registry endpoints, per tenant and per peer.
 //! * [`refusal`] — every limit as a refusal: status, error code, and a message naming the
 //!   configuration key to raise.
+//! * `fuzzing` — entry points of the fuzz target (hidden; not an API).
 //! * `tls` — in-process TLS from the PEM files of `rendezvous.tls_cert_file` and
 //!   `rendezvous.tls_key_file`.
 
 mod capacity;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 mod hub;
 pub mod memory;
 mod rate_limit;

@@ -13,7 +13,7 @@ use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use exec_server_core::config::secret::read_secret_file;
 use exec_server_core::config::{secret_env, ConfigSource};
 use exec_server_core::transport::http_server::{serve_http, serve_https, ListenerLimits};
@@ -81,7 +81,7 @@ impl RunningRendezvous {
     }
 }
 
-fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -295,42 +295,9 @@ pub async fn start(
         Arc::new(RedisStore::new(&config, &config.store, node_url).map_err(StartError::Tokens)?)
     };
     tracing::info!(address = %local_addr, tls = tls.is_some(), "rendezvous listening");
-    let timing = RouterTiming {
-        stalled_peer_timeout: Duration::from_millis(config.stalled_peer_timeout_ms),
-        ..timing
-    };
-    let router = Router::new(
-        Duration::from_secs(config.grace_secs),
-        config.max_parked_streams_per_environment,
-        config.socket_queue_bytes,
-        timing,
-    );
-    let hub = Hub::new(store, router);
-    let rate_limits = RateLimits::new(&config, hub.tenant_count());
-    let service = Arc::new(Service {
-        config,
-        key,
-        ws_base,
-        node_ws_base,
-        hub: Arc::clone(&hub),
-        limits: rate_limits,
-    });
-    let inner = axum::Router::new()
-        .route("/cloud/environment/{id}/register", post(register))
-        .route("/cloud/environment/{id}/connect", post(connect))
-        .route("/cloud/environment/{id}/validate", post(validate))
-        .route("/ws/environment/{id}", get(upgrade))
-        .with_state(Arc::clone(&service));
-    let mut app = axum::Router::new()
-        .route("/livez", get(|| async { StatusCode::OK }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(Arc::clone(&service));
-    app = if base_path.is_empty() {
-        app.merge(inner)
-    } else {
-        app.nest(&base_path, inner)
-    };
+    let service = Service::new(config, key, store, ws_base, node_ws_base, timing);
+    let hub = Arc::clone(&service.hub);
+    let app = routes(&service, &base_path, get(upgrade));
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     let sweeper = hub.spawn_sweeper(shutdown.clone());
@@ -387,6 +354,65 @@ fn ws_base_of(public: &str) -> String {
         Some(("https", rest)) => format!("wss://{rest}"),
         Some((_, rest)) => format!("ws://{rest}"),
         None => public.to_owned(),
+    }
+}
+
+impl Service {
+    /// The service over `store`, signing with `key`; `ws_base` and `node_ws_base` are the
+    /// public URL and this node's own URL in their `ws` form.
+    pub(crate) fn new(
+        config: RendezvousConfig,
+        key: SigningKey,
+        store: SharedStore,
+        ws_base: String,
+        node_ws_base: String,
+        timing: RouterTiming,
+    ) -> Arc<Self> {
+        let timing = RouterTiming {
+            stalled_peer_timeout: Duration::from_millis(config.stalled_peer_timeout_ms),
+            ..timing
+        };
+        let router = Router::new(
+            Duration::from_secs(config.grace_secs),
+            config.max_parked_streams_per_environment,
+            config.socket_queue_bytes,
+            timing,
+        );
+        let hub = Hub::new(store, router);
+        let limits = RateLimits::new(&config, hub.tenant_count());
+        Arc::new(Self {
+            config,
+            key,
+            ws_base,
+            node_ws_base,
+            hub,
+            limits,
+        })
+    }
+}
+
+/// Every route of the service, the registry and the socket upgrades under `base_path`;
+/// `upgrade` answers `GET /ws/environment/{id}`.
+pub(crate) fn routes(
+    service: &Arc<Service>,
+    base_path: &str,
+    upgrade: MethodRouter<Arc<Service>>,
+) -> axum::Router {
+    let inner = axum::Router::new()
+        .route("/cloud/environment/{id}/register", post(register))
+        .route("/cloud/environment/{id}/connect", post(connect))
+        .route("/cloud/environment/{id}/validate", post(validate))
+        .route("/ws/environment/{id}", upgrade)
+        .with_state(Arc::clone(service));
+    let app = axum::Router::new()
+        .route("/livez", get(|| async { StatusCode::OK }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(Arc::clone(service));
+    if base_path.is_empty() {
+        app.merge(inner)
+    } else {
+        app.nest(base_path, inner)
     }
 }
 
@@ -903,7 +929,7 @@ async fn validate(
 // ---- WebSocket upgrades -------------------------------------------------------------
 
 #[derive(Debug, Default)]
-struct UpgradeQuery {
+pub(crate) struct UpgradeQuery {
     role: Option<String>,
     reg: Option<String>,
     kh: Option<String>,
@@ -912,7 +938,7 @@ struct UpgradeQuery {
 }
 
 impl UpgradeQuery {
-    fn parse(query: &str) -> Self {
+    pub(crate) fn parse(query: &str) -> Self {
         let mut q = Self::default();
         for pair in query.split('&') {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -930,6 +956,19 @@ impl UpgradeQuery {
     }
 }
 
+/// What a signed URL names, once its signature verifies (§8.4 checks 1–3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SignedUrl {
+    pub(crate) role: SocketRole,
+    pub(crate) reg: String,
+    /// The harness key hash; empty for an executor.
+    pub(crate) kh: String,
+    pub(crate) exp: u64,
+}
+
+/// An upgrade refused before the store is asked: its status and rejection reason.
+pub(crate) type UrlRefusal = (StatusCode, &'static str);
+
 async fn upgrade(
     State(service): State<Arc<Service>>,
     Path(id): Path<String>,
@@ -941,70 +980,19 @@ async fn upgrade(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
-    if check_environment_id(&id).is_err() {
-        return upgrade_refused(&id, StatusCode::BAD_REQUEST, "malformed_query");
-    }
-    // 1. Well-formed query.
-    let role = match query.role.as_deref() {
-        Some("environment") => SocketRole::Executor,
-        Some("harness") => SocketRole::Harness,
-        Some(_) => return upgrade_refused(&id, StatusCode::BAD_REQUEST, "invalid_role"),
-        None => return upgrade_refused(&id, StatusCode::BAD_REQUEST, "missing_role"),
+    let url = match service
+        .verify_signed_url(&id, &query)
+        .and_then(|url| service.check_expiry(&url, now_unix()).map(|()| url))
+    {
+        Ok(url) => url,
+        Err((status, reason)) => return upgrade_refused(&id, status, reason),
     };
-    let (Some(reg), Some(exp)) = (
-        query.reg.clone(),
-        query.exp.as_deref().and_then(|e| e.parse::<u64>().ok()),
-    ) else {
-        return upgrade_refused(&id, StatusCode::BAD_REQUEST, "malformed_query");
-    };
-    let kh = match role {
-        SocketRole::Harness => match query.kh.clone() {
-            Some(kh) if !kh.is_empty() => kh,
-            _ => return upgrade_refused(&id, StatusCode::BAD_REQUEST, "malformed_query"),
-        },
-        SocketRole::Executor => String::new(),
-    };
-    // 2–4. Signature and expiry.
-    let role_text = match role {
-        SocketRole::Executor => "environment",
-        SocketRole::Harness => "harness",
-    };
-    let signed = query
-        .sig
-        .as_deref()
-        .is_some_and(|sig| service.key.verify_url(role_text, &id, &reg, &kh, exp, sig));
-    if !signed {
-        let reason = if query.sig.is_none() {
-            "missing_signature"
-        } else {
-            "invalid_signature"
-        };
-        return upgrade_refused(&id, StatusCode::UNAUTHORIZED, reason);
-    }
-    let now = now_unix();
-    let ttl = match role {
-        SocketRole::Executor => service.config.executor_url_ttl_secs,
-        SocketRole::Harness => service.config.harness_url_ttl_secs,
-    };
-    if exp < now || exp > now + ttl + 60 {
-        return upgrade_refused(&id, StatusCode::UNAUTHORIZED, "invalid_expiry");
-    }
-    // 5–7. Registration state; executor presence and capacity for harnesses.
-    let admitted = match role {
-        SocketRole::Executor => match service.hub.admit_executor(&id, &reg).await {
-            Ok(epoch) => Admitted::Executor(epoch),
-            Err(status) => return upgrade_refused(&id, status, "unknown_route"),
-        },
-        SocketRole::Harness => match service.hub.admit_harness(&id, &reg).await {
-            Ok((epoch, lease)) => Admitted::Harness(epoch, lease),
-            Err(UpgradeRefusal::Status(status)) => {
-                return upgrade_refused(&id, status, "unknown_route")
-            }
-            Err(UpgradeRefusal::Capacity(refusal)) => return refuse(&refusal, None, &id),
-            Err(UpgradeRefusal::Elsewhere(node)) => return misdirected(&id, &node),
-        },
+    let admitted = match service.admit(&id, &url).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     let hub = Arc::clone(&service.hub);
+    let SignedUrl { reg, kh, .. } = url;
     // A failed upgrade drops the closure, and with it the harness lease.
     ws.max_message_size(MAX_WS_MESSAGE_BYTES)
         .max_frame_size(MAX_WS_MESSAGE_BYTES)
@@ -1016,6 +1004,88 @@ async fn upgrade(
                 }
             }
         })
+}
+
+impl Service {
+    /// Checks 1–3 of §8.4: the environment id and the query are well formed, and the
+    /// signature is this service's over what the query names.
+    pub(crate) fn verify_signed_url(
+        &self,
+        id: &str,
+        query: &UpgradeQuery,
+    ) -> Result<SignedUrl, UrlRefusal> {
+        if check_environment_id(id).is_err() {
+            return Err((StatusCode::BAD_REQUEST, "malformed_query"));
+        }
+        let role = match query.role.as_deref() {
+            Some("environment") => SocketRole::Executor,
+            Some("harness") => SocketRole::Harness,
+            Some(_) => return Err((StatusCode::BAD_REQUEST, "invalid_role")),
+            None => return Err((StatusCode::BAD_REQUEST, "missing_role")),
+        };
+        let (Some(reg), Some(exp)) = (
+            query.reg.clone(),
+            query.exp.as_deref().and_then(|e| e.parse::<u64>().ok()),
+        ) else {
+            return Err((StatusCode::BAD_REQUEST, "malformed_query"));
+        };
+        let kh = match role {
+            SocketRole::Harness => match query.kh.clone() {
+                Some(kh) if !kh.is_empty() => kh,
+                _ => return Err((StatusCode::BAD_REQUEST, "malformed_query")),
+            },
+            SocketRole::Executor => String::new(),
+        };
+        let role_text = match role {
+            SocketRole::Executor => "environment",
+            SocketRole::Harness => "harness",
+        };
+        let signed = query
+            .sig
+            .as_deref()
+            .is_some_and(|sig| self.key.verify_url(role_text, id, &reg, &kh, exp, sig));
+        if !signed {
+            let reason = if query.sig.is_none() {
+                "missing_signature"
+            } else {
+                "invalid_signature"
+            };
+            return Err((StatusCode::UNAUTHORIZED, reason));
+        }
+        Ok(SignedUrl { role, reg, kh, exp })
+    }
+
+    /// Check 4 of §8.4: the URL has not expired, and does not claim to live longer than
+    /// this service signs URLs for (plus a minute of clock skew).
+    pub(crate) fn check_expiry(&self, url: &SignedUrl, now: u64) -> Result<(), UrlRefusal> {
+        let ttl = match url.role {
+            SocketRole::Executor => self.config.executor_url_ttl_secs,
+            SocketRole::Harness => self.config.harness_url_ttl_secs,
+        };
+        if url.exp < now || url.exp > now + ttl + 60 {
+            return Err((StatusCode::UNAUTHORIZED, "invalid_expiry"));
+        }
+        Ok(())
+    }
+
+    /// Checks 5–7 of §8.4: the registration state; for a harness also the executor's
+    /// presence and the capacity its socket takes.
+    pub(crate) async fn admit(&self, id: &str, url: &SignedUrl) -> Result<Admitted, Response> {
+        match url.role {
+            SocketRole::Executor => match self.hub.admit_executor(id, &url.reg).await {
+                Ok(epoch) => Ok(Admitted::Executor(epoch)),
+                Err(status) => Err(upgrade_refused(id, status, "unknown_route")),
+            },
+            SocketRole::Harness => match self.hub.admit_harness(id, &url.reg).await {
+                Ok((epoch, lease)) => Ok(Admitted::Harness(epoch, lease)),
+                Err(UpgradeRefusal::Status(status)) => {
+                    Err(upgrade_refused(id, status, "unknown_route"))
+                }
+                Err(UpgradeRefusal::Capacity(refusal)) => Err(refuse(&refusal, None, id)),
+                Err(UpgradeRefusal::Elsewhere(node)) => Err(misdirected(id, &node)),
+            },
+        }
+    }
 }
 
 /// A refused socket upgrade: logged, and answered with the status and codex's
@@ -1062,7 +1132,7 @@ fn misdirected(environment: &str, node: &str) -> Response {
 
 /// An upgrade the store admitted: the registration it is for and, for a harness, the
 /// capacity it holds.
-enum Admitted {
+pub(crate) enum Admitted {
     Executor(Epoch),
     Harness(Epoch, HarnessLease),
 }

@@ -13,7 +13,7 @@
 //! harness sockets are on its owner node.
 
 mod metrics;
-mod scripts;
+pub(crate) mod scripts;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,12 +32,12 @@ use crate::capacity::{Capacity, Gauge};
 use crate::config::RendezvousConfig;
 use crate::signing::registration_id;
 use crate::store::{
-    Connectable, Ended, Epoch, HarnessLease, Held, Lost, RegisterRefusal, Removal, RendezvousStore,
+    Connectable, Ended, Epoch, HarnessLease, Held, Lost, RegisterRefusal, RendezvousStore,
     StoreUnavailable, TenantId, TokenGrant, UpgradeRefusal,
 };
 use crate::store_url::redacted_url;
 use crate::tokens::{effective_config, Tokens};
-use scripts::{ended, ended_at, field, items, Scripts};
+use scripts::{ended, ended_at, Scripts};
 
 /// Every key of the store starts with this.
 const KEY_PREFIX: &str = "exec-server:rendezvous:";
@@ -194,10 +194,6 @@ impl RedisStore {
         })
     }
 
-    fn owner(&self, owner: String) -> Option<String> {
-        (!owner.is_empty() && owner != self.node).then_some(owner)
-    }
-
     /// The harness socket places of `environment` on this node.
     fn socket_places(&self, environment: &str) -> Arc<Gauge> {
         let mut places = self.socket_places.lock().unwrap_or_else(|e| e.into_inner());
@@ -275,22 +271,17 @@ impl RendezvousStore for RedisStore {
             .await
             .map_err(|_| RegisterRefusal::StoreUnavailable)?;
         ended_out.extend(ended_at(&reply, 2));
-        match field(&reply, 0).as_str() {
-            "ok" => {
-                tracing::info!(
-                    environment = %proto::truncate_for_log(environment),
-                    registration = %reg,
-                    tenant = tenant_name,
-                    name = ?name,
-                    "executor registered"
-                );
-                Ok(field(&reply, 1))
-            }
-            "busy" => Err(RegisterRefusal::Busy),
-            "tenant_full" => Err(RegisterRefusal::Capacity(tenant_refusal)),
-            "service_full" => Err(RegisterRefusal::Capacity(service_refusal)),
-            _ => Err(RegisterRefusal::StoreUnavailable),
+        let registered = scripts::register_reply(&reply, tenant_refusal, service_refusal);
+        if registered.is_ok() {
+            tracing::info!(
+                environment = %proto::truncate_for_log(environment),
+                registration = %reg,
+                tenant = tenant_name,
+                name = ?name,
+                "executor registered"
+            );
         }
+        registered
     }
 
     async fn connectable(
@@ -303,24 +294,7 @@ impl RendezvousStore for RedisStore {
             return Connectable::StoreUnavailable;
         };
         ended_out.extend(ended_at(&reply, 4));
-        match field(&reply, 0).as_str() {
-            "yes" => {
-                let key = serde_json::from_str(&field(&reply, 2))
-                    .ok()
-                    .and_then(|value| NoisePublicKey::from_json(&value).ok());
-                match key {
-                    Some(key) => Connectable::Yes {
-                        reg: field(&reply, 1),
-                        key,
-                        node: self.owner(field(&reply, 3)),
-                    },
-                    None => Connectable::StoreUnavailable,
-                }
-            }
-            "not_found" => Connectable::NotFound,
-            "unavailable" => Connectable::Unavailable,
-            _ => Connectable::StoreUnavailable,
-        }
+        scripts::connect_reply(&reply, &self.node)
     }
 
     async fn current_registration(
@@ -331,8 +305,7 @@ impl RendezvousStore for RedisStore {
     ) -> Result<Option<String>, StoreUnavailable> {
         let reply = self.run(&self.scripts.current, &[environment]).await?;
         ended_out.extend(ended_at(&reply, 1));
-        let reg = field(&reply, 0);
-        Ok((!reg.is_empty()).then_some(reg))
+        Ok(scripts::current_reply(&reply))
     }
 
     async fn admit_executor(
@@ -347,14 +320,7 @@ impl RendezvousStore for RedisStore {
             .await
             .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
         ended_out.extend(ended_at(&reply, 2));
-        match field(&reply, 0).as_str() {
-            "ok" => field(&reply, 1)
-                .parse()
-                .map_err(|_| StatusCode::SERVICE_UNAVAILABLE),
-            "410" => Err(StatusCode::GONE),
-            "404" => Err(StatusCode::NOT_FOUND),
-            _ => Err(StatusCode::SERVICE_UNAVAILABLE),
-        }
+        scripts::admit_executor_reply(&reply)
     }
 
     async fn admit_harness(
@@ -364,24 +330,14 @@ impl RendezvousStore for RedisStore {
         _now: Instant,
         ended_out: &mut Vec<Ended>,
     ) -> Result<(Epoch, HarnessLease), UpgradeRefusal> {
-        let unavailable = UpgradeRefusal::Status(StatusCode::SERVICE_UNAVAILABLE);
         let reply = self
             .run(&self.scripts.admit_harness, &[environment, reg, &self.node])
             .await
             .map_err(|_| UpgradeRefusal::Status(StatusCode::SERVICE_UNAVAILABLE))?;
         ended_out.extend(ended_at(&reply, 3));
-        match field(&reply, 0).as_str() {
-            "ok" => {}
-            "elsewhere" => return Err(UpgradeRefusal::Elsewhere(field(&reply, 1))),
-            "404" => return Err(UpgradeRefusal::Status(StatusCode::NOT_FOUND)),
-            "410" => return Err(UpgradeRefusal::Status(StatusCode::GONE)),
-            _ => return Err(unavailable),
-        }
-        let epoch: Epoch = field(&reply, 1)
-            .parse()
-            .map_err(|_| UpgradeRefusal::Status(StatusCode::SERVICE_UNAVAILABLE))?;
+        let (epoch, owner) = scripts::admit_harness_reply(&reply)?;
         let owner = self
-            .tenant_of(&field(&reply, 2))
+            .tenant_of(&owner)
             .map_err(|_| UpgradeRefusal::Status(StatusCode::SERVICE_UNAVAILABLE))?;
         let slot = self
             .capacity
@@ -399,7 +355,7 @@ impl RendezvousStore for RedisStore {
         let reply = self
             .run(&self.scripts.attached, &[environment, reg, &self.node])
             .await?;
-        Ok(scripts::text(&reply).parse().ok())
+        Ok(scripts::attached_reply(&reply))
     }
 
     async fn executor_detached(
@@ -456,20 +412,7 @@ impl RendezvousStore for RedisStore {
                 args.push(if h.executor { "1" } else { "0" });
             }
             let reply = self.run(&self.scripts.heartbeat, &args).await?;
-            for entry in items(&reply) {
-                let environment = field(entry, 0);
-                let Some(h) = batch.iter().find(|h| h.environment == environment) else {
-                    continue;
-                };
-                lost.push(match field(entry, 1).as_str() {
-                    "moved" => Lost::Moved(environment),
-                    _ => Lost::Ended(Ended {
-                        environment,
-                        epoch: h.epoch,
-                        why: Removal::Replaced,
-                    }),
-                });
-            }
+            lost.extend(scripts::heartbeat_reply(&reply, batch));
         }
         Ok(lost)
     }
