@@ -250,3 +250,25 @@ async fn harness_resets_and_closes_on_an_undecodable_frame_or_a_text_message() {
         }));
     }
 }
+
+/// `RelayConnection::abort` sends the stream's Reset before its socket closes, so the
+/// executor lets the session go at once and a new stream takes it over. (The socket used to
+/// close as the Reset was being queued: the rendezvous then parked the route for its 30 s
+/// grace, and the session stayed attached, answering -32010, all that time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_stream_releases_its_session_at_once() {
+    let rdv = start_rendezvous(None).await;
+    let _executor = start_executor(&rdv.url, "env-abort");
+    let args = harness_args(&rdv.url, "env-abort");
+    for round in 0..20 {
+        let (client, result) =
+            RelayClient::open_with(args.clone(), json!({"clientName": "abort-test"})).await;
+        let session = result["sessionId"].as_str().unwrap().to_owned();
+        client.conn.abort();
+        drop(client);
+        let resumed = tokio::time::timeout(Duration::from_secs(5), resume_session(&args, &session))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the aborted stream kept its session"));
+        resumed.conn.abort();
+    }
+}

@@ -136,7 +136,11 @@ pub struct RelayConnection {
     outgoing: mpsc::Sender<String>,
     incoming: mpsc::Receiver<Bytes>,
     end: Arc<Mutex<Option<RelayError>>>,
-    done: CancellationToken,
+    /// Tells the stream's driver to reset the stream now ([`RelayConnection::abort`]). The
+    /// driver, not this, ends the physical connection once its Reset is queued: closing the
+    /// socket first could lose the Reset, and the rendezvous would then keep the executor's
+    /// end (and its session) for its 30 s grace.
+    abort: CancellationToken,
 }
 
 impl std::fmt::Debug for RelayConnection {
@@ -175,9 +179,10 @@ impl RelayConnection {
         (self.outgoing, self.incoming)
     }
 
-    /// Ends the stream at once with Reset{stream_closed} without waiting for a flush.
+    /// Ends the stream at once with Reset{shutdown}, without waiting for a flush; the socket
+    /// closes after the Reset.
     pub fn abort(&self) {
-        self.done.cancel();
+        self.abort.cancel();
     }
 }
 
@@ -381,7 +386,10 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     let (to_app, incoming) = mpsc::channel::<Bytes>(1);
     let (outgoing, from_app) = mpsc::channel::<String>(128);
     let end = Arc::new(Mutex::new(None));
+    // `done` ends the physical connection (and its reconnects); `abort` only the driver,
+    // which cancels `done` itself once the stream's last frame is on its way.
     let done = CancellationToken::new();
+    let abort = CancellationToken::new();
     let physical = Physical {
         stream_id: stream_id.clone(),
         semantics,
@@ -399,6 +407,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
     tokio::spawn(physical.run(handle, reader));
     let driver_end = Arc::clone(&end);
     let driver_done = done.clone();
+    let driver_abort = abort.clone();
     tokio::spawn(async move {
         let result = drive_stream(
             machine,
@@ -406,7 +415,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
             uplink,
             AppSide { to_app, from_app },
             args.resume_grace,
-            ShutdownMode::Abort(driver_done.clone()),
+            ShutdownMode::Abort(driver_abort),
             Link::Own,
         )
         .await;
@@ -436,7 +445,7 @@ pub async fn connect_relay(args: RelayConnectArgs) -> Result<RelayConnection, Re
         outgoing,
         incoming,
         end,
-        done,
+        abort,
     })
 }
 

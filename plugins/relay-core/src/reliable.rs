@@ -39,7 +39,7 @@ pub const WINDOW_BYTES: usize = 2 * 1024 * 1024;
 /// Highest usable sequence number (§5.1).
 pub const MAX_SEQ: u32 = u32::MAX - 1;
 /// Plaintext the sender buffers before it refuses further messages (back-pressure).
-const SEND_BUFFER_BYTES: usize = 1024 * 1024;
+pub const SEND_BUFFER_BYTES: usize = 1024 * 1024;
 /// Records beyond the next expected one that a codex-semantics receiver holds (codex's
 /// reorder window, CODEX-0169 §4.5); a record further ahead resets the stream. It also
 /// bounds what waits while the inbound queue is full: codex streams have no flow control.
@@ -243,6 +243,25 @@ pub struct StreamStats {
     pub resumes_sent: u64,
 }
 
+/// What one stream holds in memory and its send counter, for the fuzz target's bounds
+/// (RELAY §5.6, §5.7). Not a stable interface.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BufferUsage {
+    /// The seq the next new record will take.
+    pub next_seq: u32,
+    pub pending_bytes: usize,
+    pub unacked_records: usize,
+    pub unacked_bytes: usize,
+    pub resend_records: usize,
+    pub reorder_records: usize,
+    pub reorder_bytes: usize,
+    pub reassembly_bytes: usize,
+    pub reassembly_capacity: usize,
+    pub inbound_messages: usize,
+    pub inbound_bytes: usize,
+}
+
 /// The sans-IO machine of one established stream.
 pub struct ReliableStream {
     stream_id: String,
@@ -360,6 +379,24 @@ impl ReliableStream {
         self.semantics
     }
 
+    /// A snapshot of the stream's buffers (the fuzz target checks their bounds).
+    #[doc(hidden)]
+    pub fn buffer_usage(&self) -> BufferUsage {
+        BufferUsage {
+            next_seq: self.next_seq,
+            pending_bytes: self.pending.len(),
+            unacked_records: self.unacked.len(),
+            unacked_bytes: self.unacked_bytes,
+            resend_records: self.resend.len(),
+            reorder_records: self.reorder.len(),
+            reorder_bytes: self.reorder.values().map(Bytes::len).sum(),
+            reassembly_bytes: self.reassembly.len(),
+            reassembly_capacity: self.reassembly.capacity(),
+            inbound_messages: self.inbound.len(),
+            inbound_bytes: self.inbound_bytes,
+        }
+    }
+
     fn is_codex(&self) -> bool {
         self.semantics == Semantics::Codex
     }
@@ -413,9 +450,10 @@ impl ReliableStream {
         Ok(())
     }
 
-    /// Appends raw bytes to the outbound byte stream, bypassing the message framing.
-    #[cfg(test)]
-    pub(crate) fn push_raw(&mut self, bytes: &[u8]) {
+    /// Appends raw bytes to the outbound byte stream, bypassing the message framing: tests
+    /// and the fuzz target play an authenticated peer that breaks the rules of §4.
+    #[doc(hidden)]
+    pub fn push_raw(&mut self, bytes: &[u8]) {
         self.pending.extend_from_slice(bytes);
     }
 
