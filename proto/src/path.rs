@@ -195,6 +195,36 @@ pub fn to_file_uri(path: &Path) -> String {
     out
 }
 
+/// A `file:` URI that [`parse_path`] turns back into exactly the bytes of `path` (absolute).
+/// That is the canonical form ([`to_file_uri`]) unless a `.` or `..` name in `path` would be
+/// resolved as a dot segment, or a first name such as `C:` would read as another OS's drive
+/// letter; then every `/` after the first is percent-encoded too, so the names form one
+/// segment that nothing resolves, behind a `.` segment that keeps it from being the first.
+/// Only `/.` and `/..` have no such URI (they are UTF-8 and sent natively, see
+/// [`to_wire_path`]).
+pub fn to_exact_file_uri(path: &Path) -> String {
+    let canonical = to_file_uri(path);
+    let round_trips = parse_path(&canonical)
+        .is_ok_and(|parsed| parsed.as_os_str().as_bytes() == path.as_os_str().as_bytes());
+    if round_trips {
+        return canonical;
+    }
+    let names = canonical["file://".len()..]
+        .strip_prefix('/')
+        .unwrap_or(&canonical["file://".len()..]);
+    format!("file:///./{}", names.replace('/', "%2F"))
+}
+
+/// The text that names `path` (absolute) exactly for a peer that reads it with
+/// [`parse_path`], such as the fs helper (SANDBOX.md §4.4): the native path when it is
+/// UTF-8, so that `..` keeps the kernel's meaning; otherwise [`to_exact_file_uri`].
+pub fn to_wire_path(path: &Path) -> String {
+    match path.to_str() {
+        Some(text) => text.to_owned(),
+        None => to_exact_file_uri(path),
+    }
+}
+
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 fn is_path_char(b: u8) -> bool {
@@ -282,5 +312,43 @@ mod tests {
         let uri = to_file_uri(&p);
         assert_eq!(uri, "file:///tmp/a%20b%23%3F%25/%FF%C3%A9");
         assert_eq!(parse_path(&uri).unwrap(), p);
+    }
+
+    /// The round trip the `paths` fuzz target checks: a non-UTF-8 path holding `..` (from
+    /// `%2F..%2F`) went to the fs helper as a canonical URI, whose dot segments the helper
+    /// resolved lexically; and a first name `C:` made the helper's policy unreadable.
+    #[test]
+    fn exact_uris_and_wire_paths_name_exactly_their_path() {
+        let bytes = |p: &[u8]| PathBuf::from(OsString::from_vec(p.to_vec()));
+        for path in [
+            bytes(b"/a/link/../\xff"),
+            bytes(b"/a/./\xff/."),
+            bytes(b"/C:/x"),
+            bytes(b"/c|"),
+            bytes(b"/C:/\xff/.."),
+            bytes(b"//a//\xff/"),
+            bytes(b"/tmp/a b/\xff"),
+            bytes(b"/"),
+        ] {
+            let exact = to_exact_file_uri(&path);
+            let parsed = parse_path(&exact).unwrap_or_else(|e| panic!("{exact}: {e:?}"));
+            assert_eq!(
+                parsed.as_os_str().as_bytes(),
+                path.as_os_str().as_bytes(),
+                "{exact}"
+            );
+            let wire = to_wire_path(&path);
+            let parsed = parse_path(&wire).unwrap_or_else(|e| panic!("{wire}: {e:?}"));
+            assert_eq!(
+                parsed.as_os_str().as_bytes(),
+                path.as_os_str().as_bytes(),
+                "{wire}"
+            );
+        }
+        // Paths that round-trip keep the canonical form.
+        let plain = bytes(b"/tmp/a b/\xff");
+        assert_eq!(to_exact_file_uri(&plain), to_file_uri(&plain));
+        assert_eq!(to_exact_file_uri(&bytes(b"/C:/x")), "file:///./C:%2Fx");
+        assert_eq!(to_wire_path(Path::new("/a/../b")), "/a/../b");
     }
 }

@@ -69,12 +69,18 @@ pub fn open_with_openat2(names: &[&OsStr], flags: OFlags, mode: Mode) -> io::Res
     // The kernel answers EAGAIN when a rename elsewhere raced with a `..`-free lookup it
     // cannot vouch for; a few retries settle it.
     let mut attempts = 0;
-    loop {
+    let fd = loop {
         match rustix::fs::openat2(root()?, &relative, flags, mode, resolve) {
             Err(rustix::io::Errno::AGAIN) if attempts < 8 => attempts += 1,
-            other => return other.map_err(io::Error::from),
+            other => break other?,
         }
+    };
+    // `RESOLVE_NO_SYMLINKS` hands out a last link itself under `O_PATH | O_NOFOLLOW`.
+    if flags.contains(OFlags::PATH | OFlags::NOFOLLOW) && kind_of(fd.as_fd())? == EntryKind::Symlink
+    {
+        return Err(io::Error::from_raw_os_error(libc::ELOOP));
     }
+    Ok(fd)
 }
 
 /// [`open_exact`] for kernels without `openat2`: one `O_PATH | O_NOFOLLOW` open per
@@ -112,8 +118,15 @@ pub fn open_by_walk(names: &[&OsStr], flags: OFlags, mode: Mode) -> io::Result<O
 }
 
 /// The names of an absolute path made of plain names; anything else (a relative path, `.`,
-/// `..`) is refused with `EINVAL`, because its meaning would depend on links.
+/// `..`, a trailing `/`) is refused with `EINVAL`, because its meaning would depend on links.
 pub fn plain_names(path: &Path) -> io::Result<Vec<&OsStr>> {
+    // `components` drops a `.` and a trailing `/`, after which the kernel follows the name
+    // before them (and wants a directory): look at the bytes.
+    let bytes = path.as_os_str().as_bytes();
+    let dotted = bytes.split(|&b| b == b'/').any(|name| name == b".");
+    if dotted || (bytes.len() > 1 && bytes.ends_with(b"/")) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let mut components = path.components();
     if components.next() != Some(Component::RootDir) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));

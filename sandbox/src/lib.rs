@@ -30,6 +30,13 @@ pub mod placeholders;
 pub mod policy;
 pub mod runtime;
 
+/// What the fuzz targets (`fuzz/`) need besides the public API: the flag types that
+/// [`anchored`] takes, and the kernel call they compare its opens with.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+}
+
 pub use config::SandboxConfig;
 pub use exec::SANDBOX_EXEC_ARG1;
 pub use fs_helper::FS_HELPER_ARG1;

@@ -24,42 +24,51 @@ use crate::wire::{empty_pattern, invalid_glob, invalid_globs, invalid_pattern};
 
 /// One search with every parameter validated and every default applied.
 #[derive(Debug)]
-pub(crate) struct SearchJob {
-    pub(crate) root: PathBuf,
-    pub(crate) matcher: RegexMatcher,
-    pub(crate) overrides: Override,
-    pub(crate) respect_gitignore: bool,
-    pub(crate) max_results: u64,
-    pub(crate) max_line_bytes: usize,
-    pub(crate) max_file_bytes: u64,
+pub struct SearchJob {
+    pub root: PathBuf,
+    pub matcher: RegexMatcher,
+    pub overrides: Override,
+    pub respect_gitignore: bool,
+    pub max_results: u64,
+    pub max_line_bytes: usize,
+    pub max_file_bytes: u64,
 }
 
 /// A match on its way to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FoundMatch {
+pub struct FoundMatch {
     /// The file's `file:` URI, shared by its matches.
-    pub(crate) path: Arc<str>,
-    pub(crate) line_number: u64,
+    pub path: Arc<str>,
+    pub line_number: u64,
     /// Shared by the matches of one line.
-    pub(crate) line: Arc<str>,
-    pub(crate) start: usize,
-    pub(crate) end: usize,
-    pub(crate) line_truncated: bool,
+    pub line: Arc<str>,
+    pub start: usize,
+    pub end: usize,
+    pub line_truncated: bool,
 }
 
 /// How the walk ended.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct SearchEnd {
+pub struct SearchEnd {
     /// Stopped at `max_results` with more matches left.
-    pub(crate) truncated: bool,
+    pub truncated: bool,
     /// Stopped early because the stop token was cancelled.
-    pub(crate) cancelled: bool,
+    pub cancelled: bool,
     /// The root could not be walked.
-    pub(crate) error: Option<String>,
+    pub error: Option<String>,
 }
 
+/// Largest compiled form of a pattern, in bytes: the `regex` crate's default. Compiling
+/// costs time in proportion (`grep-regex` allows 100 MiB, some seconds of a search thread
+/// for one `\w{1000}`-style pattern); larger patterns are refused as invalid.
+pub const MAX_COMPILED_PATTERN_BYTES: usize = 10 << 20;
+
+/// Most memory the lazy DFA of one search may cache, in bytes (`grep-regex` allows
+/// 1000 MiB per matcher); past it the search goes on, slower.
+pub const MAX_PATTERN_CACHE_BYTES: usize = 10 << 20;
+
 /// The matcher for `pattern`: a literal unless `regex`. Matches never span lines.
-pub(crate) fn build_matcher(
+pub fn build_matcher(
     pattern: &str,
     regex: bool,
     case_insensitive: bool,
@@ -71,6 +80,8 @@ pub(crate) fn build_matcher(
         .case_insensitive(case_insensitive)
         .fixed_strings(!regex)
         .line_terminator(Some(b'\n'))
+        .size_limit(MAX_COMPILED_PATTERN_BYTES)
+        .dfa_size_limit(MAX_PATTERN_CACHE_BYTES)
         .build(pattern)
         .map_err(invalid_pattern)
 }
@@ -78,7 +89,11 @@ pub(crate) fn build_matcher(
 /// Include and exclude globs as `ignore` overrides, matched like `.gitignore` lines against
 /// paths relative to `root`. With any include glob, only files matching one are searched;
 /// an exclude glob wins over an include glob.
-pub(crate) fn build_overrides(
+///
+/// A `.gitignore` line that is blank or starts with `#` means nothing, so such a glob would
+/// silently widen the search: a blank glob is refused, and a leading `#` is escaped to name
+/// files that start with `#`.
+pub fn build_overrides(
     root: &Path,
     include: &[String],
     exclude: &[String],
@@ -89,8 +104,12 @@ pub(crate) fn build_overrides(
             if glob.starts_with('!') {
                 return Err(invalid_glob(member, glob, "globs must not start with `!`"));
             }
+            if glob.trim_end().is_empty() {
+                return Err(invalid_glob(member, glob, "globs must not be blank"));
+            }
+            let escape = if glob.starts_with('#') { "\\" } else { "" };
             builder
-                .add(&format!("{prefix}{glob}"))
+                .add(&format!("{prefix}{escape}{glob}"))
                 .map_err(|e| invalid_glob(member, glob, e))?;
         }
     }
@@ -100,7 +119,7 @@ pub(crate) fn build_overrides(
 impl SearchJob {
     /// Walks and searches until the tree is done, `max_results` is reached, `stop` is
     /// cancelled or `out` is closed. Files that cannot be read are skipped.
-    pub(crate) fn run(self, stop: &CancellationToken, out: &mpsc::Sender<FoundMatch>) -> SearchEnd {
+    pub fn run(self, stop: &CancellationToken, out: &mpsc::Sender<FoundMatch>) -> SearchEnd {
         let mut searcher = SearcherBuilder::new()
             .line_number(true)
             // A NUL byte marks a binary file: its search stops there, before anything is

@@ -188,6 +188,45 @@ fn include_and_exclude_globs() {
     );
 }
 
+/// Found by the `search` fuzz target: an include glob that `.gitignore` syntax reads as
+/// nothing (blank, or a `#` comment) was dropped, and with no include glob left every file
+/// was searched.
+#[test]
+fn globs_are_never_read_as_gitignore_comments_or_blank_lines() {
+    let dir = tree(&[("#notes#", b"x\n"), ("main.rs", b"x\n")]);
+    let names = |q: &Query<'_>| -> Vec<String> {
+        places(dir.path(), &run(dir.path(), q).0)
+            .into_iter()
+            .map(|p| p.0)
+            .collect()
+    };
+    for include in ["#notes#", "#*"] {
+        let q = Query {
+            include: &[include],
+            ..query("x")
+        };
+        assert_eq!(names(&q), ["%23notes%23"], "{include}");
+    }
+    let q = Query {
+        exclude: &["#*"],
+        ..query("x")
+    };
+    assert_eq!(names(&q), ["main.rs"]);
+    for blank in ["", " ", "\t "] {
+        for (include, exclude) in [
+            (vec![blank.to_owned()], vec![]),
+            (vec![], vec![blank.to_owned()]),
+        ] {
+            let error = build_overrides(dir.path(), &include, &exclude).unwrap_err();
+            assert!(
+                error.message.ends_with("globs must not be blank"),
+                "{}",
+                error.message
+            );
+        }
+    }
+}
+
 #[test]
 fn gitignore_is_respected_unless_told_otherwise() {
     let dir = tree(&[
@@ -364,4 +403,26 @@ fn bad_patterns_and_globs_are_invalid_params() {
         error.message,
         "invalid exclude glob `!x`: globs must not start with `!`"
     );
+}
+
+/// Found by the `search` fuzz target: `\w+@\w{1000}` took seconds (and some hundred MiB)
+/// to compile under `grep-regex`'s 100 MiB size limit, per search; patterns are now held
+/// to the `regex` crate's 10 MiB, which such patterns reach in a fraction of a second.
+#[test]
+fn patterns_too_large_to_compile_cheaply_are_refused() {
+    for pattern in [r"\w+@\w{1000}", r"(?:\w{1000}){5}", r"\pL{500}"] {
+        let error = build_matcher(pattern, true, false).unwrap_err();
+        assert_eq!(
+            error.code,
+            exec_server_core::proto::error::code::INVALID_PARAMS
+        );
+        assert!(
+            error.message.starts_with("invalid pattern: ")
+                && error.message.contains("exceeds size limit"),
+            "{pattern}: {}",
+            error.message
+        );
+    }
+    assert!(build_matcher(r"\w{100}", true, false).is_ok());
+    assert!(build_matcher(&"x".repeat(100_000), false, true).is_ok());
 }

@@ -24,6 +24,15 @@ mod wire;
 
 use std::sync::Arc;
 
+/// The engine for the `search` fuzz target (`fuzz/`): matcher and override compilation and
+/// the search itself, with the trait and token types they need.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::engine::{build_matcher, build_overrides, FoundMatch, SearchEnd, SearchJob};
+    pub use grep_matcher::Matcher;
+    pub use tokio_util::sync::CancellationToken;
+}
+
 use exec_server_core::{checked_section, Install, InstallError, MethodDecl, Plugin};
 
 use crate::state::SearchState;

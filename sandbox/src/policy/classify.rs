@@ -35,8 +35,21 @@ pub(crate) fn classify(rules: &[Rule], globs: &[GlobPattern]) -> Classified {
             .collect()
     };
     let root = effective.get(Path::new("/")).copied();
+    // A `read` entry below a denied path decides what lies below it (the longer path
+    // wins, §2.4.7). `All` keeps no read entries (those inside a writable root survive as
+    // carve-outs, and `/` writable holds them all), so with `/` only readable such an entry
+    // needs the roots, `/` among them.
+    let read_below_denied = || {
+        effective.iter().any(|(path, access)| {
+            *access == Access::Read
+                && effective
+                    .iter()
+                    .any(|(d, a)| *a == Access::Deny && d != path && path.starts_with(d))
+        })
+    };
     let readable = match root {
-        Some(Access::Read | Access::Write) => Readable::All,
+        Some(Access::Write) => Readable::All,
+        Some(Access::Read) if !read_below_denied() => Readable::All,
         _ => Readable::Roots(with(&[Access::Read, Access::Write])),
     };
     let writable = with(&[Access::Write]);

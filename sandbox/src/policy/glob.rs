@@ -3,10 +3,11 @@
 //!
 //! `*` and `?` match within one path component, a component that is exactly `**` matches
 //! any number of components (including none), `[…]` is a character class (`!` or `^`
-//! negates, `a-z` ranges, a `]` right after the opening bracket is literal). There is no
-//! brace expansion and no backslash escape; a metacharacter is written literally as a
-//! one-character class (`[*]`). A pattern denies every path it matches **and everything
-//! beneath** such a path, so matching accepts as soon as the pattern is used up.
+//! negates, `a-z` ranges, a `]` right after the opening bracket is literal); a `.`
+//! component is nothing and a `..` component is refused. There is no brace expansion and
+//! no backslash escape; a metacharacter is written literally as a one-character class
+//! (`[*]`). A pattern denies every path it matches **and everything beneath** such a path,
+//! so matching accepts as soon as the pattern is used up.
 //!
 //! Hand-written rather than a crate: the whole grammar is the few lines below, and the
 //! "or beneath" rule would need extra patterns with `globset`.
@@ -70,11 +71,18 @@ impl GlobPattern {
         if !source.starts_with('/') {
             return Err(format!("glob pattern `{source}` is not absolute"));
         }
+        // Patterns match resolved paths, which never hold `.` or `..`: a `.` means nothing,
+        // and a `..` would make the pattern match nothing at all — a deny entry that denies
+        // nothing — so it is refused (a literal prefix has had its `..` resolved already).
         let segments = source
             .split('/')
-            .filter(|c| !c.is_empty())
+            .filter(|c| !c.is_empty() && *c != ".")
             .map(|c| {
-                if c == "**" {
+                if c == ".." {
+                    Err(format!(
+                        "invalid glob pattern `{source}`: `..` cannot follow a wildcard"
+                    ))
+                } else if c == "**" {
                     Ok(Segment::AnyDepth)
                 } else {
                     parse_component(c)
@@ -104,15 +112,22 @@ impl GlobPattern {
             })
             .collect();
         // reachable[i]: the segments seen so far can consume exactly the first i names.
+        // Each segment costs one pass over the names (`**` reaches everything from the
+        // first reachable index on): a client's long pattern against a deep path costs
+        // their product, not its square.
         let mut reachable = vec![false; names.len() + 1];
         reachable[0] = true;
         for segment in &self.segments {
             let mut next = vec![false; names.len() + 1];
-            for i in (0..=names.len()).filter(|&i| reachable[i]) {
-                match segment {
-                    Segment::AnyDepth => next[i..].iter_mut().for_each(|r| *r = true),
-                    Segment::Component(tokens) => {
-                        if i < names.len() && match_component(tokens, &names[i]) {
+            match segment {
+                Segment::AnyDepth => {
+                    if let Some(first) = reachable.iter().position(|&r| r) {
+                        next[first..].iter_mut().for_each(|r| *r = true);
+                    }
+                }
+                Segment::Component(tokens) => {
+                    for i in (0..names.len()).filter(|&i| reachable[i]) {
+                        if match_component(tokens, &names[i]) {
                             next[i + 1] = true;
                         }
                     }

@@ -1,4 +1,4 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::*;
 
@@ -67,9 +67,36 @@ fn no_brace_expansion() {
     assert!(!denies("/srv/{a,b}", "/srv/a"));
 }
 
+/// Found by the `policy` fuzz target: a deny glob such as `/srv/*/../secret` was accepted
+/// and matched nothing, since resolved paths never hold `..`; `.` was as inert.
+#[test]
+fn dot_names_mean_nothing_and_dot_dot_is_refused() {
+    assert!(denies("/srv/*/./x", "/srv/a/x"));
+    assert!(denies("/srv/*/.", "/srv/a"));
+    for pattern in ["/srv/*/../secret", "/srv/**/..", "/../x"] {
+        let error = GlobPattern::new(pattern).unwrap_err();
+        assert!(error.contains("`..` cannot follow a wildcard"), "{error}");
+    }
+}
+
 #[test]
 fn malformed_patterns_are_refused() {
     assert!(GlobPattern::new("relative/*").is_err());
     assert!(GlobPattern::new("/srv/[abc").is_err());
     assert!(GlobPattern::new("/srv/[z-a]").is_err());
+}
+
+/// Found by the `search` fuzz target: each `**` walked every reachable index to the end,
+/// so a long pattern of them against a deep path cost segments × names² (seconds for a
+/// few KiB of client input, per checked path).
+#[test]
+fn many_any_depth_segments_against_a_deep_path_cost_their_product() {
+    let pattern = GlobPattern::new(&format!("/{}x", "**/".repeat(2_000))).unwrap();
+    let deep = PathBuf::from(format!("/{}", "a/".repeat(3_000)));
+    let start = std::time::Instant::now();
+    assert!(!pattern.matches_or_beneath(&deep));
+    assert!(pattern.matches_or_beneath(&deep.join("x")));
+    assert!(pattern.matches_or_beneath(&deep.join("x/below")));
+    let spent = start.elapsed();
+    assert!(spent < std::time::Duration::from_secs(10), "{spent:?}");
 }

@@ -1,9 +1,10 @@
 //! The policy's JSON form on the fs helper's command line (SANDBOX.md §4.3): paths as
-//! canonical `file:` URIs (so non-UTF-8 names survive), globs as absolute pattern strings.
+//! `file:` URIs that name each path exactly (canonical ones whenever they do, so non-UTF-8
+//! names survive), globs as absolute pattern strings.
 
 use std::path::PathBuf;
 
-use exec_server_proto::path::{parse_path, to_file_uri};
+use exec_server_proto::path::{parse_path, to_exact_file_uri};
 use serde::{Deserialize, Serialize};
 
 use super::{GlobPattern, Network, Readable, SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH};
@@ -54,7 +55,7 @@ impl SandboxPolicy {
     /// The `--policy` argument. `full_disk_write` and `glob_scan_max_depth` are not part of
     /// it: the helper only ever sees enforced `fs/*` policies.
     pub fn to_helper_json(&self, enforcement: Enforcement) -> String {
-        let uris = |paths: &[PathBuf]| paths.iter().map(|p| to_file_uri(p)).collect();
+        let uris = |paths: &[PathBuf]| paths.iter().map(|p| to_exact_file_uri(p)).collect();
         let json = PolicyJson {
             version: 1,
             readable: match &self.readable {

@@ -13,8 +13,8 @@ use super::intent::{intent_of, Grant, GrantTarget, Intent};
 use super::resolve::canonicalise;
 use super::shape::{self, Access, Form, NetworkMode, SandboxShape, Special};
 use super::{
-    Network, PolicyContext, PolicyOutcome, PolicyTarget, Readable, SandboxDecision, SandboxPolicy,
-    DEFAULT_GLOB_SCAN_MAX_DEPTH,
+    AccessKind, Network, PolicyContext, PolicyOutcome, PolicyTarget, Readable, SandboxDecision,
+    SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH,
 };
 
 /// Normalises one non-null `sandbox` object for `ctx` (shape errors -32602, policy errors
@@ -122,7 +122,13 @@ fn expansion_for(shape: &SandboxShape, ctx: &PolicyContext) -> Result<Expansion,
 /// §2.10: the helper's directory (and for processes `minimal` and `/proc`) when reads are
 /// restricted; the server's secret files always denied.
 fn add_server_additions(policy: &mut SandboxPolicy, ctx: &PolicyContext) -> Result<(), RpcError> {
-    if let Readable::Roots(roots) = &mut policy.readable {
+    // `/` is a root only when a read entry below a denied path keeps reads from being
+    // `All` (see `classify`): reads are not restricted then either.
+    let restricted = match &policy.readable {
+        Readable::All => false,
+        Readable::Roots(roots) => !roots.iter().any(|root| root == Path::new("/")),
+    };
+    if restricted {
         let helper = ctx
             .helper_executable
             .as_ref()
@@ -131,12 +137,21 @@ fn add_server_additions(policy: &mut SandboxPolicy, ctx: &PolicyContext) -> Resu
                 PolicyTarget::Process { .. } => RpcError::process_sandbox_prepare(reason)
                     .with_start_error_kind(StartErrorKind::SandboxPreparation),
             })?;
-        if let Some(dir) = canonicalise(helper).parent() {
-            roots.push(dir.to_path_buf());
-        }
+        let mut additions: Vec<PathBuf> = canonicalise(helper)
+            .parent()
+            .map(Path::to_path_buf)
+            .into_iter()
+            .collect();
         if let PolicyTarget::Process { .. } = ctx.target {
-            roots.extend(existing_minimal_paths());
-            roots.push(canonicalise(Path::new("/proc")));
+            additions.extend(existing_minimal_paths());
+            additions.push(canonicalise(Path::new("/proc")));
+        }
+        // An addition only makes a path readable. Where the policy lets it be written, it
+        // is readable already, and a read root there would be the longer rule: it would take
+        // the write access away.
+        additions.retain(|path| !policy.allows(path, AccessKind::Write));
+        if let Readable::Roots(roots) = &mut policy.readable {
+            roots.extend(additions);
         }
     }
     policy

@@ -1313,3 +1313,73 @@ fn helper_json_round_trips() {
         SandboxPolicy::from_helper_json(&text.replace("\"version\":1", "\"version\":2")).is_err()
     );
 }
+
+/// Found by the `policy` fuzz target: with `/` readable, a `read` entry below a denied path
+/// was dropped (`Readable::All` keeps no roots), so the shorter deny decided below it too.
+#[test]
+fn a_read_entry_below_a_denied_path_decides_below_it() {
+    let t = Tree::new();
+    t.mkdir("home/.ssh");
+    let sandbox = json!({"permissions": managed(vec![
+        special_entry("root", "read"),
+        path_entry(&t.native("home/.ssh"), "deny"),
+        path_entry(&t.native("home/.ssh/known_hosts"), "read"),
+    ], "restricted")});
+    let policy = fs_policy(&sandbox);
+    assert!(policy.allows(&t.path("home/.ssh/known_hosts"), AccessKind::Read));
+    assert!(!policy.allows(&t.path("home/.ssh/known_hosts"), AccessKind::Write));
+    assert!(!policy.allows(&t.path("home/.ssh/id_ed25519"), AccessKind::Read));
+    assert!(policy.allows(&t.path("home/other"), AccessKind::Read));
+    assert!(policy.allows(Path::new("/etc/passwd"), AccessKind::Read));
+    // Without such an entry, reading everything stays `All`.
+    let plain = fs_policy(&json!({"permissions": managed(vec![
+        special_entry("root", "read"),
+        path_entry(&t.native("home/.ssh"), "deny"),
+    ], "restricted")}));
+    assert_eq!(plain.readable, Readable::All);
+}
+
+/// The helper-JSON round trip of the `policy` fuzz target: a policy path whose first name
+/// reads as a drive letter (`/C:/x`, a fine Linux path) went into the helper's JSON as
+/// `file:///C:/x`, which the helper refused as another OS's URI: every sandboxed `fs/*`
+/// call failed.
+#[test]
+fn helper_json_names_every_path_exactly() {
+    let sandbox = json!({"permissions": managed(vec![
+        special_entry("root", "read"),
+        path_entry("/C:/x", "write"),
+        path_entry("/c|", "deny"),
+    ], "restricted")});
+    let policy = fs_policy(&sandbox);
+    let text = policy.to_helper_json(Enforcement::Require);
+    let (parsed, _) = SandboxPolicy::from_helper_json(&text).unwrap();
+    assert_eq!(parsed.writable, [PathBuf::from("/C:/x")]);
+    assert!(
+        parsed.denied_paths.contains(&PathBuf::from("/c|")),
+        "{text}"
+    );
+    assert_eq!(parsed.readable, policy.readable);
+}
+
+/// Found by the `policy` fuzz target: the helper's directory, added as a read root below a
+/// writable root, was the longer rule there and made the client's writable tree read-only.
+#[test]
+fn server_additions_never_take_write_access_away() {
+    let t = Tree::new();
+    t.mkdir("work/bin");
+    let sandbox = json!({"permissions": {"file_system": {"write": [t.native("work")]}}});
+    let mut ctx = process_ctx(&t.path("work"));
+    ctx.helper_executable = Ok(t.path("work/bin/exec-server"));
+    let policy = enforced(decide_process_in(Some(&sandbox), &ctx).map(|o| o.decision));
+    assert!(policy.allows(&t.path("work/bin/out"), AccessKind::Write));
+    let Readable::Roots(roots) = &policy.readable else {
+        panic!("reads are restricted: {policy:?}");
+    };
+    assert!(!roots.contains(&t.path("work/bin")), "{roots:?}");
+    assert!(roots.contains(&PathBuf::from("/proc")), "{roots:?}");
+    // Where the policy does not let it be written, the directory is added as before.
+    ctx.helper_executable = Ok(t.path("elsewhere/exec-server"));
+    let policy = enforced(decide_process_in(Some(&sandbox), &ctx).map(|o| o.decision));
+    assert!(policy.allows(&t.path("elsewhere"), AccessKind::Read));
+    assert!(!policy.allows(&t.path("elsewhere"), AccessKind::Write));
+}
