@@ -1,56 +1,11 @@
-//! The exec-server benchmark harness.
+//! The exec-server benchmark harness (the library's crate docs describe the modules).
 //!
 //! `cargo run --release -p exec-server-bench -- [--quick] [--json] [--no-codex] [--svg PATH] [--only ROW,…]`
 //! measures exec-server and, in the same run, the machine's own floor for the same work (a
 //! bare echo server, a raw pipe, a raw spawn) and, where codex is installed, the same rows
 //! against `codex exec-server`; then prints one table (or one JSON object keyed by row).
-//!
-//! * [`chart`] — the scaling rows as an SVG chart (`--svg PATH`).
-//! * [`report`] — rows, the table and the JSON output.
-//! * [`floors`] — the bare servers floors are measured against (this binary re-executed).
-//! * [`peer`] — finding codex, whose `exec-server` the peer rows run against.
-//! * [`target`] — starting the exec-server binary and reading its memory use.
-//! * [`wire`] — a minimal JSON-RPC client over WebSocket and stdio.
-//! * [`rows`] — one module per group of rows.
 
-mod chart;
-mod floors;
-mod peer;
-mod report;
-mod rows;
-mod target;
-mod wire;
-
-use std::time::Duration;
-
-/// How much work each row does.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    /// Sequential round trips per latency row.
-    pub round_trips: usize,
-    /// How long each throughput row runs.
-    pub rps_window: Duration,
-    /// Connections / processes for the per-unit memory rows.
-    pub memory_units: usize,
-}
-
-impl Budget {
-    fn new(quick: bool) -> Self {
-        if quick {
-            Self {
-                round_trips: 2_000,
-                rps_window: Duration::from_millis(1_500),
-                memory_units: 1_000,
-            }
-        } else {
-            Self {
-                round_trips: 20_000,
-                rps_window: Duration::from_secs(5),
-                memory_units: 1_000,
-            }
-        }
-    }
-}
+use exec_server_bench::{chart, floors, peer, report, rows, target, Budget};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -1,5 +1,6 @@
-//! The processes under test: the exec-server binary and the floor servers, started fresh
-//! for each row and killed when dropped.
+//! The processes under test: the exec-server binary (as a server or a rendezvous), codex,
+//! and the floor servers, started fresh for each row (or for the soak) and killed when
+//! dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -44,15 +45,18 @@ impl WsProcess {
 
     /// Like [`WsProcess::exec_server`] with extra environment variables (config overrides).
     pub async fn exec_server_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start(Self::exec_server_command(extra, env)).await
+    }
+
+    /// The command [`WsProcess::exec_server_with_env`] starts, for a caller that adjusts it
+    /// before [`WsProcess::start`] (the soak gives the server a process group of its own).
+    pub fn exec_server_command(extra: &[&str], env: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(server_binary());
         cmd.args(["--listen", "ws://127.0.0.1:0"])
             .args(extra)
             .envs(env.iter().copied())
-            .env(
-                "RUST_LOG",
-                std::env::var("BENCH_SERVER_LOG").unwrap_or("error".into()),
-            );
-        Self::start(cmd).await
+            .env("RUST_LOG", server_log());
+        cmd
     }
 
     /// `codex exec-server --listen ws://127.0.0.1:0`, with an empty `HOME` of its own so it
@@ -87,7 +91,8 @@ impl WsProcess {
         Self::start(cmd).await
     }
 
-    async fn start(mut cmd: Command) -> Self {
+    /// Starts `cmd`, which prints its WebSocket address as its first line.
+    pub async fn start(mut cmd: Command) -> Self {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
@@ -121,6 +126,82 @@ impl Drop for WsProcess {
             // SAFETY: signals the process group this value started; no memory involved.
             unsafe { libc::kill(-*group, libc::SIGKILL) };
         }
+    }
+}
+
+/// The `RUST_LOG` of the servers under test: `BENCH_SERVER_LOG`, else `error`.
+fn server_log() -> String {
+    std::env::var("BENCH_SERVER_LOG").unwrap_or("error".into())
+}
+
+/// The bearer token executors register with, and the one harnesses connect with.
+pub const EXECUTOR_TOKEN: &str = "bench-executor-token";
+pub const HARNESS_TOKEN: &str = "bench-harness-token";
+
+/// `exec-server rendezvous` on `127.0.0.1:0`, configured to let [`EXECUTOR_TOKEN`] register
+/// `env-*` environments and [`HARNESS_TOKEN`] connect to them; killed, and its configuration
+/// file removed, when dropped.
+pub struct Rendezvous {
+    pub child: Child,
+    /// Its registry URL (`http://127.0.0.1:PORT`), the first line it prints.
+    pub url: String,
+    config: PathBuf,
+}
+
+impl Rendezvous {
+    /// Starts one; `tag` keeps the configuration files of several apart.
+    pub async fn start(tag: &str) -> Self {
+        Self::start_with(tag, |_| {}).await
+    }
+
+    /// Like [`Rendezvous::start`], with `adjust` applied to the command first.
+    pub async fn start_with(tag: &str, adjust: impl FnOnce(&mut Command)) -> Self {
+        let config = std::env::temp_dir().join(format!(
+            "exec-server-bench-rdv-{}-{tag}.toml",
+            std::process::id()
+        ));
+        let hex = |token: &str| -> String {
+            exec_server_rendezvous::signing::token_digest(token)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        };
+        std::fs::write(
+            &config,
+            format!(
+                "[[rendezvous.tokens]]\nname = \"executors\"\nsha256 = \"{}\"\nrole = \"executor\"\nenvironments = [\"env-*\"]\n\n[[rendezvous.tokens]]\nname = \"harnesses\"\nsha256 = \"{}\"\nrole = \"harness\"\n",
+                hex(EXECUTOR_TOKEN),
+                hex(HARNESS_TOKEN),
+            ),
+        )
+        .expect("write rendezvous config");
+        let mut cmd = Command::new(server_binary());
+        cmd.arg("rendezvous")
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "http://127.0.0.1:0"])
+            .env("RUST_LOG", server_log())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        adjust(&mut cmd);
+        let mut child = cmd.spawn().expect("spawn rendezvous");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .await
+            .expect("rendezvous URL");
+        Self {
+            child,
+            url: line.trim().to_owned(),
+            config,
+        }
+    }
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
     }
 }
 

@@ -1,7 +1,9 @@
 //! A minimal JSON-RPC client for measurements: raw text out, raw text in, no framework,
 //! the same code over a WebSocket or a relay stream.
 
-use exec_server_relay_core::harness::RelayConnection;
+use exec_server_relay_core::harness::{
+    connect_relay, RelayConnectArgs, RelayConnection, RelayError,
+};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -14,41 +16,88 @@ pub type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// One JSON-RPC connection: whole messages in and out. A message comes in as the
-/// transport's own buffer, never copied into a new string.
+/// transport's own buffer, never copied into a new string. The measurements use the
+/// panicking `send_text`/`recv_text`; the soak test, which must report a lost connection
+/// as a failure of its own, uses the fallible `try_*` forms they are built on.
 pub(crate) trait Rpc {
-    async fn send_text(&mut self, text: String);
-    async fn recv_text(&mut self) -> Utf8Bytes;
-}
+    /// Sends one message; `Err` says why the connection cannot take it.
+    async fn try_send_text(&mut self, text: String) -> Result<(), String>;
 
-impl Rpc for Ws {
+    /// The next message; `Err` once the connection has ended, saying why.
+    async fn try_recv_text(&mut self) -> Result<Utf8Bytes, String>;
+
     async fn send_text(&mut self, text: String) {
-        self.send(Message::Text(text.into())).await.expect("send");
+        if let Err(e) = self.try_send_text(text).await {
+            panic!("send: {e}");
+        }
     }
 
     async fn recv_text(&mut self) -> Utf8Bytes {
+        self.try_recv_text()
+            .await
+            .unwrap_or_else(|e| panic!("receive: {e}"))
+    }
+}
+
+impl Rpc for Ws {
+    async fn try_send_text(&mut self, text: String) -> Result<(), String> {
+        self.send(Message::Text(text.into()))
+            .await
+            .map_err(|e| format!("websocket send failed: {e}"))
+    }
+
+    async fn try_recv_text(&mut self) -> Result<Utf8Bytes, String> {
         loop {
-            match self.next().await.expect("connection open").expect("read") {
-                Message::Text(text) => return text,
-                Message::Binary(bytes) => return bytes.try_into().expect("UTF-8 JSON"),
-                _ => continue,
+            match self.next().await {
+                None => return Err("the websocket was closed".into()),
+                Some(Err(e)) => return Err(format!("websocket read failed: {e}")),
+                Some(Ok(Message::Text(text))) => return Ok(text),
+                Some(Ok(Message::Binary(bytes))) => {
+                    return bytes
+                        .try_into()
+                        .map_err(|_| "a binary message that is not UTF-8".into())
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return Err(format!("the server closed the websocket: {frame:?}"))
+                }
+                Some(Ok(_)) => continue,
             }
         }
     }
 }
 
 impl Rpc for RelayConnection {
-    async fn send_text(&mut self, text: String) {
-        self.send(text).await.expect("relay send");
+    async fn try_send_text(&mut self, text: String) -> Result<(), String> {
+        self.send(text)
+            .await
+            .map_err(|e| format!("relay send failed: {e}"))
     }
 
-    async fn recv_text(&mut self) -> Utf8Bytes {
+    async fn try_recv_text(&mut self) -> Result<Utf8Bytes, String> {
         let Some(bytes) = self.recv().await else {
             // The reason is recorded just after the stream's end reaches the receiver.
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            panic!("the relay stream ended: {:?}", self.error());
+            return Err(format!("the relay stream ended: {:?}", self.error()));
         };
-        bytes.try_into().expect("UTF-8 JSON")
+        bytes
+            .try_into()
+            .map_err(|_| "a relay message that is not UTF-8".into())
     }
+}
+
+/// A relay stream through `args`, retrying for up to 20 s while the executor is still
+/// registering (the registry answers 404 or 503 until it is).
+pub(crate) async fn relay_connect(args: RelayConnectArgs) -> Result<RelayConnection, String> {
+    for _ in 0..400 {
+        match connect_relay(args.clone()).await {
+            Ok(connection) => return Ok(connection),
+            Err(RelayError::Registry(e)) if matches!(e.status(), Some(404 | 503)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(format!("relay connect failed: {e}")),
+        }
+    }
+    Err("relay connect failed: the executor never became reachable".into())
 }
 
 /// Connects with limits large enough for a 64 MiB file in one answer.
@@ -234,6 +283,16 @@ pub(crate) async fn run_sandboxed_process(
     let params = json!({"processId": process_id, "argv": argv, "cwd": "file:///", "env": {},
                         "tty": false, "sandbox": sandbox});
     run_started(conn, process_id, params).await
+}
+
+/// A `sandbox` value (`process/start`, `fs/*`) that lets the whole file system be read,
+/// only `dir` be written, and no network be reached: what the sandboxed rows and the soak
+/// confine their requests to.
+pub(crate) fn confined_sandbox(dir: &std::path::Path) -> Value {
+    json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+        {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+        {"path": {"type": "path", "path": format!("file://{}", dir.display())}, "access": "write"}
+    ]}, "network": "restricted"}})
 }
 
 /// Sends `process/start` with `params` and counts the output until `process/closed`.

@@ -182,10 +182,7 @@ pub async fn spawn_8(budget: Budget) -> Row {
 pub async fn sandbox_spawn(budget: Budget) -> Row {
     let dir = std::env::temp_dir().join(format!("exec-server-bench-spawn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let sandbox = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
-        {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
-        {"path": {"type": "path", "path": format!("file://{}", dir.display())}, "access": "write"}
-    ]}, "network": "restricted"}});
+    let sandbox = wire::confined_sandbox(&dir);
     let server =
         WsProcess::exec_server_with_env(&[], &[("EXEC_SERVER_SANDBOX__EXIT_OUTPUT_GRACE_MS", "0")])
             .await;

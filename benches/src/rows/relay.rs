@@ -7,37 +7,25 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exec_server_relay_core::harness::{
-    connect_relay, RelayConnectArgs, RelayConnection, RelayError,
-};
+use exec_server_relay_core::harness::{RelayConnectArgs, RelayConnection};
 use exec_server_relay_core::noise::{HybridIkSuite, IkSuite, NoiseIdentity, NoiseSuite};
 use exec_server_relay_core::registry::SecretString;
-use exec_server_rendezvous::signing::token_digest;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::rtt::rpc_samples;
 use super::stats::median_p99;
 use crate::report::{Row, Unit};
-use crate::target::server_binary;
+use crate::target::{server_binary, Rendezvous, EXECUTOR_TOKEN, HARNESS_TOKEN};
 use crate::wire;
 use crate::Budget;
 
-const EXECUTOR_TOKEN: &str = "bench-executor-token";
-const HARNESS_TOKEN: &str = "bench-harness-token";
 const ENVIRONMENT: &str = "env-bench";
 
 /// A rendezvous service and one executor registered with it.
 struct RelayPair {
-    url: String,
+    rendezvous: Rendezvous,
     suite: &'static dyn NoiseSuite,
-    _rendezvous: Child,
     _executor: Child,
-    _config: std::path::PathBuf,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The suites the relay rows run in, with their row-key suffix.
@@ -54,39 +42,9 @@ const MAX_STREAMS: &str = "160";
 impl RelayPair {
     /// A rendezvous and an executor registered with `suite`.
     async fn start(suite: &'static dyn NoiseSuite) -> Self {
-        let config = std::env::temp_dir().join(format!(
-            "exec-server-bench-rdv-{}-{}.toml",
-            std::process::id(),
-            suite.security_profile()
-        ));
-        std::fs::write(
-            &config,
-            format!(
-                "[[rendezvous.tokens]]\nname = \"executors\"\nsha256 = \"{}\"\nrole = \"executor\"\nenvironments = [\"env-*\"]\n\n[[rendezvous.tokens]]\nname = \"harnesses\"\nsha256 = \"{}\"\nrole = \"harness\"\n",
-                hex(&token_digest(EXECUTOR_TOKEN)),
-                hex(&token_digest(HARNESS_TOKEN)),
-            ),
-        )
-        .expect("write rendezvous config");
-        let mut rendezvous = Command::new(server_binary())
-            .arg("rendezvous")
-            .arg("--config")
-            .arg(&config)
-            .args(["--listen", "http://127.0.0.1:0"])
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn rendezvous");
-        let mut line = String::new();
-        BufReader::new(rendezvous.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .await
-            .expect("rendezvous URL");
-        let url = line.trim().to_owned();
+        let rendezvous = Rendezvous::start(suite.security_profile()).await;
         let executor = Command::new(server_binary())
-            .args(["--remote", &url, "--environment-id", ENVIRONMENT])
+            .args(["--remote", &rendezvous.url, "--environment-id", ENVIRONMENT])
             .env("EXEC_SERVER_RELAY_TOKEN", EXECUTOR_TOKEN)
             .env(
                 "EXEC_SERVER_RELAY__SECURITY_PROFILE",
@@ -99,11 +57,9 @@ impl RelayPair {
             .spawn()
             .expect("spawn executor");
         Self {
-            url,
+            rendezvous,
             suite,
-            _rendezvous: rendezvous,
             _executor: executor,
-            _config: config,
         }
     }
 
@@ -115,25 +71,15 @@ impl RelayPair {
 
     /// A relay stream to the executor registered as `environment` with this rendezvous.
     async fn connect_to(&self, environment: &str) -> RelayConnection {
-        let mut args =
-            RelayConnectArgs::new(&self.url, environment, SecretString::new(HARNESS_TOKEN));
+        let mut args = RelayConnectArgs::new(
+            &self.rendezvous.url,
+            environment,
+            SecretString::new(HARNESS_TOKEN),
+        );
         args.identity = Some(Arc::new(NoiseIdentity::generate_for(self.suite)));
-        for _ in 0..400 {
-            match connect_relay(args.clone()).await {
-                Ok(connection) => return connection,
-                Err(RelayError::Registry(e)) if matches!(e.status(), Some(404 | 503)) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("relay connect failed: {e}"),
-            }
-        }
-        panic!("the executor never became reachable");
-    }
-}
-
-impl Drop for RelayPair {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self._config);
+        wire::relay_connect(args)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -330,9 +276,13 @@ async fn codex_executor_peer(pair: &RelayPair, budget: Budget) -> (Option<f64>, 
     let Some(bin) = crate::peer::codex() else {
         return (None, None);
     };
-    let _codex =
-        crate::target::CodexExecutor::start(bin, &pair.url, CODEX_ENVIRONMENT, EXECUTOR_TOKEN)
-            .await;
+    let _codex = crate::target::CodexExecutor::start(
+        bin,
+        &pair.rendezvous.url,
+        CODEX_ENVIRONMENT,
+        EXECUTOR_TOKEN,
+    )
+    .await;
     let rtt = reported("rtt", async {
         let mut stream = pair.connect_to(CODEX_ENVIRONMENT).await;
         wire::handshake(&mut stream).await;
