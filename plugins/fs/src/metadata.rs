@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use exec_server_core::proto::fs::{CanonicalizeParams, GetMetadataParams, Metadata, PathResult};
 use exec_server_core::proto::path::parse_path;
-use exec_server_core::proto::path::to_file_uri;
+use exec_server_core::proto::path::{to_exact_file_uri, to_file_uri};
 use exec_server_core::proto::RpcError;
 use exec_server_core::{Call, Session};
 use exec_server_sandbox::fs_helper::{Need, Target};
@@ -154,9 +154,11 @@ impl FsOperation for Canonicalize {
         json!({"path": helper_path(&self.path), "sandbox": null})
     }
 
+    /// The helper's answer to the server: a URI that names the path byte for byte (a
+    /// canonical one would lose a first name such as `C:` to the foreign-OS check).
     fn output_to_wire(output: PathBuf) -> Result<Box<RawValue>, RpcError> {
         to_wire(&PathResult {
-            path: to_file_uri(&output),
+            path: to_exact_file_uri(&output),
         })
     }
 
@@ -225,6 +227,21 @@ mod tests {
                 .unwrap_or_else(|| panic!("{} is not answered", path.display()));
             let by_worker = metadata(path, follow).unwrap();
             assert_eq!(cached, by_worker, "{}", path.display());
+        }
+    }
+
+    /// The fs helper's answer to `fs/canonicalize` reaches the server as the same path:
+    /// a first name `C:` or a non-UTF-8 name after `..` survives the hop (a canonical URI
+    /// made the first read as a foreign drive, and the server refused it).
+    #[test]
+    fn canonical_paths_from_the_helper_read_back_exactly() {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        for bytes in [&b"/C:/x"[..], b"/c|", b"/t/link/../\xff", b"/tmp/a b"] {
+            let path = PathBuf::from(std::ffi::OsString::from_vec(bytes.to_vec()));
+            let wire = Canonicalize::output_to_wire(path.clone()).unwrap();
+            let operation = Canonicalize { path: path.clone() };
+            let read = operation.output_from_wire(&wire).unwrap();
+            assert_eq!(read.as_os_str().as_bytes(), bytes, "{}", wire.get());
         }
     }
 }
