@@ -522,11 +522,10 @@ impl Worker {
         Ok(())
     }
 
-    /// A process whose output spans a disconnect: the connection is dropped after its first
-    /// chunk, the session taken over from a new connection, the rest read with
-    /// `process/read` (and the new connection's notifications), nothing lost or doubled.
-    async fn resume(&mut self) -> Result<(), Failure> {
-        let id = self.process_id("resume");
+    /// Starts `seq 1 8000` with a pause after 4000 (the output spans whatever the caller
+    /// does next) and returns its log once the first output has arrived.
+    async fn start_split_output(&mut self, label: &str) -> Result<ProcessLog, Failure> {
+        let id = self.process_id(label);
         let argv = json!(["sh", "-c", "seq 1 4000; sleep 0.3; seq 4001 8000"]);
         let (mut log, _) = self.start_process(&id, argv, Start::pipes()).await?;
         let first = self
@@ -534,6 +533,14 @@ impl Worker {
             .notification("the first output", |m| log.concerns(m))
             .await?;
         log.absorb(&first)?;
+        Ok(log)
+    }
+
+    /// A process whose output spans a disconnect: the connection is dropped after its first
+    /// chunk, the session taken over from a new connection, the rest read with
+    /// `process/read` (and the new connection's notifications), nothing lost or doubled.
+    async fn resume(&mut self) -> Result<(), Failure> {
+        let mut log = self.start_split_output("resume").await?;
         self.session.disconnect();
         let pause = self.rng.below(300);
         tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -579,14 +586,7 @@ impl Worker {
         let Some(cutter) = self.cutter.clone() else {
             return Ok(());
         };
-        let id = self.process_id("cut");
-        let argv = json!(["sh", "-c", "seq 1 4000; sleep 0.3; seq 4001 8000"]);
-        let (mut log, _) = self.start_process(&id, argv, Start::pipes()).await?;
-        let first = self
-            .session
-            .notification("the first output", |m| log.concerns(m))
-            .await?;
-        log.absorb(&first)?;
+        let mut log = self.start_split_output("cut").await?;
         let sockets = cutter.cut();
         self.tally.event("relay sockets cut", sockets as u64);
         let status = self.session.call("environment/status", json!({})).await?;
