@@ -210,20 +210,19 @@ impl Followed {
     }
 }
 
+/// Sends the counter's `process/start` without waiting for its answer: the output may
+/// overtake the answer on a loaded machine, and a codex stream cut 60 KB into the output can
+/// end before the answer arrives. [`follow`] checks the answer when it comes.
 async fn start_counting(client: &mut RelayClient) {
-    client
-        .call(
-            "process/start",
-            json!({
-                "processId": "counter",
-                "argv": ["seq", "1", LINES.to_string()],
-                "cwd": "file:///tmp",
-                "env": {"PATH": "/usr/bin:/bin"},
-                "tty": false,
-                "pipeStdin": false,
-            }),
-        )
-        .await;
+    let start = json!({"id": "start-counter", "method": "process/start", "params": {
+        "processId": "counter",
+        "argv": ["seq", "1", LINES.to_string()],
+        "cwd": "file:///tmp",
+        "env": {"PATH": "/usr/bin:/bin"},
+        "tty": false,
+        "pipeStdin": false,
+    }});
+    client.conn.send(start.to_string()).await.unwrap();
 }
 
 /// The next message of the stream, or `None` once it ended.
@@ -237,12 +236,17 @@ async fn next_or_end(client: &mut RelayClient) -> Option<Value> {
     Some(serde_json::from_slice(&bytes).unwrap())
 }
 
-/// Follows the counter's notifications until it closes or the stream ends.
+/// Follows the counter's notifications until it closes or the stream ends; the answer to
+/// its start must be a success.
 async fn follow(client: &mut RelayClient, followed: &mut Followed) {
     while !followed.closed {
         let Some(message) = next_or_end(client).await else {
             return;
         };
+        if message.get("id").is_some() {
+            assert!(message["result"].is_object(), "process/start: {message}");
+            continue;
+        }
         followed.notification(&message);
     }
 }
