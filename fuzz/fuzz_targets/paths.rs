@@ -10,9 +10,9 @@
 //! * `parse_path`: native paths are kept byte for byte; URIs never keep a dot segment
 //!   (unless an encoded `/` made one), never hold NUL, ignore the scheme's case and
 //!   `localhost`; a foreign-OS refusal only for URIs.
-//! * `to_file_uri` is canonical (path characters and upper-case `%XX` only, decoding to the
+//! * `encode_file_uri` is canonical (path characters and upper-case `%XX` only, decoding to the
 //!   path's bytes) and `parse_path` reads it back as the path with its dot segments removed
-//!   (a first name like `C:` is refused as a drive letter); `to_exact_file_uri` and
+//!   (a first name like `C:` is refused as a drive letter); `to_file_uri` and
 //!   `to_wire_path` read back as exactly the path.
 //! * `normalise_lexically` is a stack over the `/`-separated names: normal, idempotent, and
 //!   below the tree whenever the names never climb out of it.
@@ -33,7 +33,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use exec_server_proto::path::{
-    has_file_scheme, parse_path, to_exact_file_uri, to_file_uri, to_wire_path, PathError,
+    encode_file_uri, has_file_scheme, parse_path, to_file_uri, to_wire_path, PathError,
 };
 use exec_server_sandbox::anchored::{self, Directory, EntryKind};
 use exec_server_sandbox::fuzzing::{openat2, Mode, OFlags, ResolveFlags};
@@ -141,7 +141,7 @@ fn check_host_path(path: &Path) {
     if !bytes.starts_with(b"/") {
         return;
     }
-    let uri = to_file_uri(path);
+    let uri = encode_file_uri(path);
     let encoded = uri.strip_prefix("file://").expect("file:// prefix");
     let mut decoded = Vec::new();
     let mut i = 0;
@@ -172,7 +172,7 @@ fn check_host_path(path: &Path) {
             assert!(!drive_letter && !bytes.contains(&0), "{uri}");
             assert_eq!(bytes_of(&back), without_dot_segments(bytes), "{uri}");
             if !has_dot_segment(bytes) {
-                assert_eq!(to_file_uri(&back), uri);
+                assert_eq!(encode_file_uri(&back), uri);
             }
         }
         Err(PathError::ForeignOs(_)) => assert!(drive_letter, "{uri}"),
@@ -181,7 +181,7 @@ fn check_host_path(path: &Path) {
 
     if !bytes.contains(&0) {
         if bytes != b"/." && bytes != b"/.." {
-            let exact = to_exact_file_uri(path);
+            let exact = to_file_uri(path);
             let back = parse_path(&exact).unwrap_or_else(|e| panic!("{exact}: {e:?}"));
             assert_eq!(bytes_of(&back), bytes, "{exact}");
         }

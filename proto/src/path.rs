@@ -145,6 +145,13 @@ fn percent_decode(s: &str) -> Result<Vec<u8>, PathError> {
     Ok(out)
 }
 
+/// True when the first name of `path` (bytes) reads as a drive letter.
+fn starts_like_drive(path: &[u8]) -> bool {
+    let names = path.strip_prefix(b"/").unwrap_or(path);
+    let first = names.split(|b| *b == b'/').next().unwrap_or_default();
+    is_drive_letter(first)
+}
+
 /// `C:` or `c|` (the first segment of `/C:/…`): a Windows drive letter.
 fn is_drive_letter(first: &[u8]) -> bool {
     first.len() == 2 && first[0].is_ascii_alphabetic() && matches!(first[1], b':' | b'|')
@@ -177,9 +184,11 @@ fn remove_dot_segments(decoded: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-/// Formats an absolute path as a canonical `file:` URI (§5.1): every byte outside the URL
-/// path character set is percent-encoded; never `localhost`.
-pub fn to_file_uri(path: &Path) -> String {
+/// The canonical `file:` URI encoding of an absolute path (§5.1): every byte outside the
+/// URL path character set is percent-encoded; never `localhost`. It does not always name
+/// the same file: a `..` name reads as a dot segment, a first name `C:` as a drive. Every
+/// name the server hands out goes through [`to_file_uri`] instead.
+pub fn encode_file_uri(path: &Path) -> String {
     let bytes = path.as_os_str().as_bytes();
     let mut out = String::with_capacity(7 + bytes.len());
     out.push_str("file://");
@@ -195,15 +204,22 @@ pub fn to_file_uri(path: &Path) -> String {
     out
 }
 
-/// A `file:` URI that [`parse_path`] turns back into exactly the bytes of `path` (absolute).
-/// That is the canonical form ([`to_file_uri`]) unless a `.` or `..` name in `path` would be
-/// resolved as a dot segment, or a first name such as `C:` would read as another OS's drive
-/// letter; then every `/` after the first is percent-encoded too, so the names form one
-/// segment that nothing resolves, behind a `.` segment that keeps it from being the first.
-/// Only `/.` and `/..` have no such URI (they are UTF-8 and sent natively, see
-/// [`to_wire_path`]).
-pub fn to_exact_file_uri(path: &Path) -> String {
-    let canonical = to_file_uri(path);
+/// The `file:` URI of `path` (absolute) that [`parse_path`], and any RFC 3986 reader,
+/// turns back into exactly the bytes of `path`: the name of every path the server returns
+/// or hands to another process. That is the canonical form ([`encode_file_uri`]) unless a
+/// `.` or `..` name in `path` would be resolved as a dot segment (the kernel resolves
+/// `..` through links, a URI reader lexically), or a first name such as `C:` would read as
+/// another OS's drive letter; then every `/` after the first is percent-encoded too, so
+/// the names form one segment that nothing resolves, behind a `.` segment that keeps it
+/// from being the first. Only `/.` and `/..` have no such URI (they are UTF-8 and sent
+/// natively, see [`to_wire_path`]).
+pub fn to_file_uri(path: &Path) -> String {
+    let canonical = encode_file_uri(path);
+    let bytes = path.as_os_str().as_bytes();
+    let plain = !bytes.windows(2).any(|w| w == b"/." || w == b"//") && !starts_like_drive(bytes);
+    if plain {
+        return canonical;
+    }
     let round_trips = parse_path(&canonical)
         .is_ok_and(|parsed| parsed.as_os_str().as_bytes() == path.as_os_str().as_bytes());
     if round_trips {
@@ -217,11 +233,11 @@ pub fn to_exact_file_uri(path: &Path) -> String {
 
 /// The text that names `path` (absolute) exactly for a peer that reads it with
 /// [`parse_path`], such as the fs helper (SANDBOX.md §4.4): the native path when it is
-/// UTF-8, so that `..` keeps the kernel's meaning; otherwise [`to_exact_file_uri`].
+/// UTF-8, so that `..` keeps the kernel's meaning; otherwise [`to_file_uri`].
 pub fn to_wire_path(path: &Path) -> String {
     match path.to_str() {
         Some(text) => text.to_owned(),
-        None => to_exact_file_uri(path),
+        None => to_file_uri(path),
     }
 }
 
@@ -316,7 +332,9 @@ mod tests {
 
     /// The round trip the `paths` fuzz target checks: a non-UTF-8 path holding `..` (from
     /// `%2F..%2F`) went to the fs helper as a canonical URI, whose dot segments the helper
-    /// resolved lexically; and a first name `C:` made the helper's policy unreadable.
+    /// resolved lexically; and a first name `C:` made the helper's policy unreadable. Names
+    /// the server returns (walks, watches, searches) are made the same way, so a client's
+    /// URI reader never resolves a `..` that the kernel resolved through a link.
     #[test]
     fn exact_uris_and_wire_paths_name_exactly_their_path() {
         let bytes = |p: &[u8]| PathBuf::from(OsString::from_vec(p.to_vec()));
@@ -330,7 +348,7 @@ mod tests {
             bytes(b"/tmp/a b/\xff"),
             bytes(b"/"),
         ] {
-            let exact = to_exact_file_uri(&path);
+            let exact = to_file_uri(&path);
             let parsed = parse_path(&exact).unwrap_or_else(|e| panic!("{exact}: {e:?}"));
             assert_eq!(
                 parsed.as_os_str().as_bytes(),
@@ -347,8 +365,13 @@ mod tests {
         }
         // Paths that round-trip keep the canonical form.
         let plain = bytes(b"/tmp/a b/\xff");
-        assert_eq!(to_exact_file_uri(&plain), to_file_uri(&plain));
-        assert_eq!(to_exact_file_uri(&bytes(b"/C:/x")), "file:///./C:%2Fx");
+        assert_eq!(to_file_uri(&plain), encode_file_uri(&plain));
+        assert_eq!(to_file_uri(&bytes(b"/tmp/.a/..b")), "file:///tmp/.a/..b");
+        assert_eq!(to_file_uri(&bytes(b"/C:/x")), "file:///./C:%2Fx");
+        assert_eq!(
+            to_file_uri(&bytes(b"/ws/link/../x")),
+            "file:///./ws%2Flink%2F..%2Fx"
+        );
         assert_eq!(to_wire_path(Path::new("/a/../b")), "/a/../b");
     }
 }

@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use exec_server_proto::path::{parse_path, to_exact_file_uri};
+use exec_server_proto::path::{parse_path, to_file_uri};
 use exec_server_proto::{RpcError, StartErrorKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -90,7 +90,7 @@ impl LaunchRequest {
         Self {
             version: 1,
             // Read back by the launcher's `parse_path`: byte for byte, no dot segment resolved.
-            program: to_exact_file_uri(program),
+            program: to_file_uri(program),
             argv,
             env,
             tty,

@@ -125,15 +125,9 @@ fn expand_glob(
     max_depth: u32,
 ) -> Result<Vec<PathBuf>, NarrowingFailed> {
     let pattern = glob.as_str();
-    let mut base = PathBuf::from("/");
-    for component in pattern.split('/').filter(|c| !c.is_empty()) {
-        if crate::policy::glob_has_meta(component) {
-            break;
-        }
-        base.push(component);
-    }
     let mut matches = Vec::new();
-    let mut stack = vec![(base, 0u32)];
+    // The prefix is the exact host path (non-UTF-8 names included), never its text.
+    let mut stack = vec![(glob.prefix().to_path_buf(), 0u32)];
     while let Some((dir, depth)) = stack.pop() {
         if glob.matches_or_beneath(&dir) && std::fs::symlink_metadata(&dir).is_ok() {
             matches.push(dir);

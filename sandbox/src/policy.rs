@@ -36,7 +36,6 @@ mod resolve;
 mod shape;
 
 pub use check::AccessKind;
-pub(crate) use glob::has_meta as glob_has_meta;
 pub use glob::GlobPattern;
 pub use helper_json::Enforcement;
 pub use normalise::normalise;

@@ -316,3 +316,120 @@ async fn a_process_never_starts_in_a_lookalike_directory() {
         "{error}"
     );
 }
+
+/// A tree for the path-crossing attacks: `root/caf\xe9/prod.env` (a directory whose name is
+/// not UTF-8), `root/link` → `caf\xe9`, `root/ws/to-other` → `root/other/sub`, and
+/// `root/other/x/secret` beside `root/ws/x/secret` with other contents.
+struct Crossing {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    not_utf8: PathBuf,
+}
+
+fn crossing() -> Crossing {
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let not_utf8 = root.join(OsString::from_vec(b"caf\xe9".to_vec()));
+    std::fs::create_dir(&not_utf8).unwrap();
+    std::fs::write(not_utf8.join("prod.env"), "TOKEN=secret-in-prod-env").unwrap();
+    std::os::unix::fs::symlink(&not_utf8, root.join("link")).unwrap();
+    for (dir, content) in [("ws/x", "lexical"), ("other/x", "through the link")] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        std::fs::write(root.join(dir).join("secret"), content).unwrap();
+    }
+    std::fs::create_dir_all(root.join("other/sub")).unwrap();
+    std::os::unix::fs::symlink(root.join("other/sub"), root.join("ws/to-other")).unwrap();
+    Crossing {
+        _dir: dir,
+        root,
+        not_utf8,
+    }
+}
+
+/// A deny glob below a directory whose name is not UTF-8 hides its files from sandboxed
+/// processes too, whether the glob is an absolute `file:` URI or relative to a working
+/// directory reached through a link (its prefix was scanned as lossy text, so nothing was
+/// hidden).
+#[tokio::test]
+async fn deny_globs_below_names_that_are_not_utf8_hold_for_processes() {
+    if !landlock_available() {
+        return;
+    }
+    let tree = crossing();
+    let mut client = Client::stdio(&[]).await;
+    client.handshake().await;
+    let absolute = format!("{}/**/*.env", encoded_uri(&tree.not_utf8));
+    let cwd_entry = json!({"path": {"type": "special", "value": {"kind": "current_working_directory"}}, "access": "write"});
+    for (n, (glob, cwd)) in [
+        (absolute.as_str(), text(&tree.root)),
+        ("**/*.env", text(&tree.root.join("link"))),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let deny = json!({"path": {"type": "glob_pattern", "pattern": glob}, "access": "deny"});
+        let policy = managed(vec![root_read(), cwd_entry.clone(), deny]);
+        let id = format!("p{n}");
+        let file = format!("{}/link/prod.env", text(&tree.root));
+        crate::sandbox::start_sandboxed(&mut client, &id, json!(["/bin/cat", file]), &cwd, &policy)
+            .await;
+        // Narrowing hides the file (it reads as empty or not at all).
+        let (output, _) = crate::sandbox::run_to_exit(&mut client, &id).await;
+        assert!(!output.contains("secret-in-prod-env"), "{glob}: {output}");
+        // The fs helper refuses the same read.
+        let mut fs_policy = policy.clone();
+        fs_policy["cwd"] = json!(cwd);
+        let error = client
+            .call_err("fs/readFile", json!({"path": file, "sandbox": fs_policy}))
+            .await;
+        assert_eq!(error["data"]["sandboxDenied"], true, "{glob}: {error}");
+    }
+}
+
+/// A lookalike path spelled through a link and `..` is checked where the kernel resolves
+/// it, in the fs helper too: the helper was sent a canonical URI, read its `..` lexically
+/// and looked for lookalikes in another directory.
+#[tokio::test]
+async fn lookalike_checks_in_the_fs_helper_follow_links_like_the_kernel() {
+    if !landlock_available() {
+        return;
+    }
+    let tree = crossing();
+    let other = tree.root.join("other");
+    std::fs::write(other.join(OsString::from_vec(b"a\xff".to_vec())), "x").unwrap();
+    std::fs::write(other.join(LOSSY), "the lookalike").unwrap();
+    let mut client = Client::stdio(&[]).await;
+    client.handshake().await;
+    let policy = managed(vec![root_read(), entry(&text(&other), "write")]);
+    let spelled = format!("{}/ws/to-other/../{LOSSY}", text(&tree.root));
+    let error = client
+        .call_err(
+            "fs/remove",
+            json!({"path": spelled, "recursive": false, "force": false, "sandbox": policy}),
+        )
+        .await;
+    assert_eq!(error["message"], ambiguous(&spelled), "{error}");
+    assert!(other.join(LOSSY).exists());
+}
+
+/// Names a walk returns read back as the files walked, though its root reaches them
+/// through a link and `..` (a URI reader resolves `..` lexically).
+#[tokio::test]
+async fn walked_names_read_back_as_the_files_walked() {
+    let tree = crossing();
+    let mut client = Client::stdio(&[]).await;
+    client.handshake().await;
+    let root = format!("{}/ws/to-other/../x", text(&tree.root));
+    let walk = client
+        .call(
+            "fs/walk",
+            json!({"path": root, "options": {"maxDepth": 2, "maxDirectories": 10,
+                "maxEntries": 10, "followDirectorySymlinks": false}}),
+        )
+        .await;
+    let entries = walk["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{walk}");
+    let uri = entries[0]["path"].as_str().unwrap();
+    let read = read(&mut client, &None, uri).await.unwrap();
+    assert_eq!(read, "through the link", "{uri}");
+}

@@ -13,7 +13,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use exec_server_core::proto::path::to_file_uri;
+use exec_server_core::proto::path::to_wire_path;
 use exec_server_core::proto::RpcError;
 use exec_server_sandbox::anchored::Directory;
 use exec_server_sandbox::lookalikes;
@@ -49,9 +49,15 @@ impl SpelledPaths {
         self.0.is_empty()
     }
 
-    /// The helper request member's value: byte-exact `file:` URIs.
+    /// The helper request member's value: each path as the helper reads it back exactly,
+    /// its `..` resolved through links as the kernel does (`to_wire_path`).
     pub(crate) fn to_helper(&self) -> Value {
-        Value::Array(self.0.iter().map(|p| Value::from(to_file_uri(p))).collect())
+        Value::Array(
+            self.0
+                .iter()
+                .map(|p| Value::from(to_wire_path(p)))
+                .collect(),
+        )
     }
 
     /// Takes the member out of a helper request's params.
@@ -125,7 +131,7 @@ mod tests {
     #[test]
     fn encoded_uris_and_plain_names_are_not_checked() {
         let (dir, spelled) = lookalikes();
-        let exact = to_file_uri(Path::new(&spelled));
+        let exact = exec_server_core::proto::path::to_file_uri(Path::new(&spelled));
         assert!(SpelledPaths::of([exact.as_str()]).is_empty());
         let plain = dir.path().join("b");
         assert!(SpelledPaths::of([plain.to_str().unwrap()]).is_empty());

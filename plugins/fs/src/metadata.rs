@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use exec_server_core::proto::fs::{CanonicalizeParams, GetMetadataParams, Metadata, PathResult};
 use exec_server_core::proto::path::parse_path;
-use exec_server_core::proto::path::{to_exact_file_uri, to_file_uri};
+use exec_server_core::proto::path::to_file_uri;
 use exec_server_core::proto::RpcError;
 use exec_server_core::{Call, Session};
 use exec_server_sandbox::fs_helper::{Need, Target};
@@ -158,7 +158,7 @@ impl FsOperation for Canonicalize {
     /// canonical one would lose a first name such as `C:` to the foreign-OS check).
     fn output_to_wire(output: PathBuf) -> Result<Box<RawValue>, RpcError> {
         to_wire(&PathResult {
-            path: to_exact_file_uri(&output),
+            path: to_file_uri(&output),
         })
     }
 

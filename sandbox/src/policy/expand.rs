@@ -3,6 +3,7 @@
 //! canonicalised. Errors carry the request's policy code (§2.7).
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 
 use exec_server_proto::error::SandboxRequest;
@@ -205,42 +206,40 @@ impl Expansion {
     }
 
     /// An absolute pattern: relative ones are joined to `cwd`; the literal directory prefix
-    /// is canonicalised like any policy path, so it matches resolved paths (§5.6).
+    /// is canonicalised like any policy path, so it matches resolved paths (§5.6). The
+    /// prefix keeps the exact bytes of its names (a `file:` URI may name non-UTF-8 ones),
+    /// so the launcher's scan and the fs helper's check start where the kernel would.
     fn glob(&self, pattern: &str) -> Result<GlobPattern, RpcError> {
         if pattern.is_empty() {
             return Err(RpcError::invalid_params("glob_pattern must not be empty"));
         }
-        let is_uri = exec_server_proto::path::has_file_scheme(pattern);
-        let absolute: String = if is_uri {
-            let path = parse_member(pattern, PathMember::Permission, self.request)?;
-            path.to_string_lossy().into_owned()
+        let absolute: PathBuf = if exec_server_proto::path::has_file_scheme(pattern) {
+            parse_member(pattern, PathMember::Permission, self.request)?
         } else {
-            pattern.to_owned()
+            PathBuf::from(pattern)
         };
-        let mut prefix = if absolute.starts_with('/') {
+        let mut prefix = if absolute.is_absolute() {
             PathBuf::from("/")
         } else {
             self.cwd
                 .clone()
                 .ok_or_else(RpcError::sandbox_requires_cwd)?
         };
-        let mut rest = Vec::new();
-        for component in absolute.split('/').filter(|c| !c.is_empty()) {
-            if rest.is_empty() && !glob::has_meta(component) {
-                prefix.push(component);
+        let mut rest: Vec<String> = Vec::new();
+        for component in absolute.as_os_str().as_bytes().split(|b| *b == b'/') {
+            if component.is_empty() {
+                continue;
+            }
+            let name = std::ffi::OsStr::from_bytes(component);
+            let text = name.to_string_lossy();
+            if rest.is_empty() && !glob::has_meta(&text) {
+                prefix.push(name);
             } else {
-                rest.push(component);
+                rest.push(text.into_owned());
             }
         }
-        let prefix = canonicalise(&prefix);
-        let mut source = glob::escape(&prefix.to_string_lossy());
-        for component in rest {
-            if !source.ends_with('/') {
-                source.push('/');
-            }
-            source.push_str(component);
-        }
-        GlobPattern::new(&source).map_err(RpcError::invalid_params)
+        GlobPattern::with_prefix(canonicalise(&prefix), &rest.join("/"))
+            .map_err(RpcError::invalid_params)
     }
 }
 

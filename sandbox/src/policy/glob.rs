@@ -14,12 +14,16 @@
 
 use std::cmp::Ordering;
 use std::fmt;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
-/// An absolute glob pattern, compiled once.
+/// An absolute glob pattern, compiled once: a literal directory prefix, kept as the exact
+/// bytes of a host path (non-UTF-8 names included), and the segments that follow it.
 #[derive(Clone)]
 pub struct GlobPattern {
     source: String,
+    prefix: PathBuf,
+    /// The segments after the prefix as text, `/`-separated (empty: none).
+    rest: String,
     segments: Vec<Segment>,
 }
 
@@ -74,7 +78,35 @@ impl GlobPattern {
         // Patterns match resolved paths, which never hold `.` or `..`: a `.` means nothing,
         // and a `..` would make the pattern match nothing at all — a deny entry that denies
         // nothing — so it is refused (a literal prefix has had its `..` resolved already).
-        let segments = source
+        let components: Vec<&str> = source
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect();
+        let literal = components
+            .iter()
+            .take_while(|c| !has_meta(c) && **c != "..")
+            .count();
+        let prefix: PathBuf = std::iter::once("/")
+            .chain(components[..literal].iter().copied())
+            .collect();
+        let mut pattern = Self::with_prefix(prefix, &components[literal..].join("/"))?;
+        pattern.source = source.to_owned();
+        Ok(pattern)
+    }
+
+    /// A pattern whose literal prefix is the host path `prefix`, exactly (absolute,
+    /// resolved), followed by `rest` (relative, `/`-separated; may be empty). Names that
+    /// are not UTF-8 can only be in the prefix; below it, names are compared lossily.
+    pub fn with_prefix(prefix: PathBuf, rest: &str) -> Result<Self, String> {
+        let display = escape(&prefix.to_string_lossy());
+        let source = match rest.is_empty() {
+            true => display,
+            false => format!("{}/{rest}", display.trim_end_matches('/')),
+        };
+        if !prefix.is_absolute() {
+            return Err(format!("glob pattern `{source}` is not absolute"));
+        }
+        let segments = rest
             .split('/')
             .filter(|c| !c.is_empty() && *c != ".")
             .map(|c| {
@@ -92,19 +124,37 @@ impl GlobPattern {
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
-            source: source.to_owned(),
+            source,
+            prefix,
+            rest: rest.to_owned(),
             segments,
         })
     }
 
+    /// The pattern as text (the prefix lossy where it is not UTF-8), for messages.
     pub fn as_str(&self) -> &str {
         &self.source
     }
 
+    /// The literal directory the pattern starts at, exactly.
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    /// The segments after [`GlobPattern::prefix`], `/`-separated (empty: none).
+    pub fn rest(&self) -> &str {
+        &self.rest
+    }
+
     /// True when the pattern matches `path` or one of its ancestors. `path` must be
-    /// absolute and resolved (no `.`/`..`); names that are not UTF-8 are compared lossily.
+    /// absolute and resolved (no `.`/`..`). The prefix is compared byte for byte; names
+    /// below it that are not UTF-8 are compared lossily (a wildcard matches them; a
+    /// literal U+FFFD matches any invalid sequence: a deny pattern then denies more).
     pub fn matches_or_beneath(&self, path: &Path) -> bool {
-        let names: Vec<Vec<char>> = path
+        let Ok(below) = path.strip_prefix(&self.prefix) else {
+            return false;
+        };
+        let names: Vec<Vec<char>> = below
             .components()
             .filter_map(|c| match c {
                 Component::Normal(name) => Some(name.to_string_lossy().chars().collect()),
@@ -257,9 +307,11 @@ impl fmt::Display for GlobPattern {
     }
 }
 
+/// Two patterns are equal when they match alike: the same prefix bytes and the same rest
+/// (their texts can agree where a prefix is not UTF-8).
 impl PartialEq for GlobPattern {
     fn eq(&self, other: &Self) -> bool {
-        self.source == other.source
+        self.cmp(other) == Ordering::Equal
     }
 }
 
@@ -273,7 +325,7 @@ impl PartialOrd for GlobPattern {
 
 impl Ord for GlobPattern {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.source.cmp(&other.source)
+        (&self.source, &self.prefix, &self.rest).cmp(&(&other.source, &other.prefix, &other.rest))
     }
 }
 

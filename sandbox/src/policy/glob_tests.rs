@@ -100,3 +100,28 @@ fn many_any_depth_segments_against_a_deep_path_cost_their_product() {
     let spent = start.elapsed();
     assert!(spent < std::time::Duration::from_secs(10), "{spent:?}");
 }
+
+/// Found attacking name fidelity: a glob's literal prefix was kept as lossy text, so a
+/// directory whose name is not UTF-8 was scanned (and compared) as another one, and the
+/// deny entry protected nothing for processes.
+#[test]
+fn a_prefix_that_is_not_utf8_matches_its_own_bytes_only() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt as _;
+    let bytes = |b: &[u8]| PathBuf::from(OsString::from_vec(b.to_vec()));
+    let prefix = bytes(b"/data/caf\xe9");
+    let glob = GlobPattern::with_prefix(prefix.clone(), "**/*.env").unwrap();
+    assert_eq!(glob.prefix(), prefix);
+    assert!(glob.matches_or_beneath(&prefix.join("prod.env")));
+    assert!(glob.matches_or_beneath(&prefix.join("a/b/prod.env/x")));
+    assert!(!glob.matches_or_beneath(Path::new("/data/caf\u{FFFD}/prod.env")));
+    assert!(!glob.matches_or_beneath(&bytes(b"/data/caf\xe8/prod.env")));
+    // Below the prefix, a wildcard matches names that are not UTF-8.
+    assert!(glob.matches_or_beneath(&prefix.join(OsString::from_vec(b"\xff.env".to_vec()))));
+    // A pattern string splits into the same prefix and rest.
+    let text = GlobPattern::new("/srv/repo/**/*.pem").unwrap();
+    assert_eq!(
+        (text.prefix(), text.rest()),
+        (Path::new("/srv/repo"), "**/*.pem")
+    );
+}

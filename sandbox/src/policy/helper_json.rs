@@ -1,10 +1,11 @@
 //! The policy's JSON form on the fs helper's command line (SANDBOX.md §4.3): paths as
 //! `file:` URIs that name each path exactly (canonical ones whenever they do, so non-UTF-8
-//! names survive), globs as absolute pattern strings.
+//! names survive), globs as absolute pattern strings (or, for a literal prefix that is not
+//! UTF-8, that prefix as such a URI and the pattern below it).
 
 use std::path::PathBuf;
 
-use exec_server_proto::path::{parse_path, to_exact_file_uri};
+use exec_server_proto::path::{parse_path, to_file_uri};
 use serde::{Deserialize, Serialize};
 
 use super::{GlobPattern, Network, Readable, SandboxPolicy, DEFAULT_GLOB_SCAN_MAX_DEPTH};
@@ -26,9 +27,42 @@ struct PolicyJson {
     writable: Vec<String>,
     read_only: Vec<String>,
     denied_paths: Vec<String>,
-    denied_globs: Vec<String>,
+    denied_globs: Vec<GlobJson>,
     network: NetworkJson,
     enforcement: Enforcement,
+}
+
+/// A deny glob: the absolute pattern string of §4.3, or, when its literal prefix is not
+/// UTF-8 (which a string cannot carry), that prefix as an exact `file:` URI and the
+/// pattern below it.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum GlobJson {
+    Text(String),
+    Split { prefix: String, pattern: String },
+}
+
+impl GlobJson {
+    fn of(glob: &GlobPattern) -> Self {
+        match glob.prefix().to_str() {
+            Some(_) => Self::Text(glob.as_str().to_owned()),
+            None => Self::Split {
+                prefix: to_file_uri(glob.prefix()),
+                pattern: glob.rest().to_owned(),
+            },
+        }
+    }
+
+    fn parse(self) -> Result<GlobPattern, String> {
+        match self {
+            Self::Text(text) => GlobPattern::new(&text),
+            Self::Split { prefix, pattern } => {
+                let prefix = parse_path(&prefix)
+                    .map_err(|e| format!("invalid glob prefix `{prefix}`: {}", e.reason()))?;
+                GlobPattern::with_prefix(prefix, &pattern)
+            }
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -55,7 +89,7 @@ impl SandboxPolicy {
     /// The `--policy` argument. `full_disk_write` and `glob_scan_max_depth` are not part of
     /// it: the helper only ever sees enforced `fs/*` policies.
     pub fn to_helper_json(&self, enforcement: Enforcement) -> String {
-        let uris = |paths: &[PathBuf]| paths.iter().map(|p| to_exact_file_uri(p)).collect();
+        let uris = |paths: &[PathBuf]| paths.iter().map(|p| to_file_uri(p)).collect();
         let json = PolicyJson {
             version: 1,
             readable: match &self.readable {
@@ -65,11 +99,7 @@ impl SandboxPolicy {
             writable: uris(&self.writable),
             read_only: uris(&self.read_only),
             denied_paths: uris(&self.denied_paths),
-            denied_globs: self
-                .denied_globs
-                .iter()
-                .map(|g| g.as_str().to_owned())
-                .collect(),
+            denied_globs: self.denied_globs.iter().map(GlobJson::of).collect(),
             network: match self.network {
                 Network::Restricted => NetworkJson::Restricted,
                 Network::Enabled => NetworkJson::Enabled,
@@ -103,8 +133,8 @@ impl SandboxPolicy {
             denied_paths: paths(json.denied_paths)?,
             denied_globs: json
                 .denied_globs
-                .iter()
-                .map(|g| GlobPattern::new(g))
+                .into_iter()
+                .map(GlobJson::parse)
                 .collect::<Result<_, _>>()?,
             network: match json.network {
                 NetworkJson::Restricted => Network::Restricted,

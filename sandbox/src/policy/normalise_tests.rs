@@ -1383,3 +1383,28 @@ fn server_additions_never_take_write_access_away() {
     assert!(policy.allows(&t.path("elsewhere"), AccessKind::Read));
     assert!(!policy.allows(&t.path("elsewhere"), AccessKind::Write));
 }
+
+/// A deny glob whose literal prefix is not UTF-8 reaches the helper and the launcher with
+/// that prefix's exact bytes (the spec's string form cannot carry them).
+#[test]
+fn helper_json_carries_glob_prefixes_that_are_not_utf8() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt as _;
+    let t = Tree::new();
+    let dir = t.path("srv").join(OsString::from_vec(b"caf\xe9".to_vec()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut uri = exec_server_proto::path::to_file_uri(&dir);
+    uri.push_str("/**/*.env");
+    let sandbox = json!({"permissions": managed(vec![
+        special_entry("root", "read"),
+        json!({"path": {"type": "glob_pattern", "pattern": uri}, "access": "deny"}),
+    ], "restricted")});
+    let policy = fs_policy(&sandbox);
+    assert_eq!(policy.denied_globs.len(), 1, "{policy:?}");
+    assert_eq!(policy.denied_globs[0].prefix(), dir);
+    let text = policy.to_helper_json(Enforcement::Require);
+    let (parsed, _) = SandboxPolicy::from_helper_json(&text).unwrap();
+    assert_eq!(parsed.denied_globs[0].prefix(), dir, "{text}");
+    assert!(!parsed.allows(&dir.join("prod.env"), AccessKind::Read));
+    assert!(parsed.allows(&t.path("srv/other.env"), AccessKind::Read));
+}
