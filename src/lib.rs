@@ -50,6 +50,7 @@ use exec_server_core::server::{
 use exec_server_core::{plugin, ServerContext, StartupError};
 
 // The inventory caveat: a crate nothing references is not linked and registers nothing.
+use exec_server_audit_webhook as _;
 use exec_server_capabilities as _;
 use exec_server_environment as _;
 use exec_server_fs as _;

@@ -4,6 +4,7 @@
 #[macro_use]
 mod util;
 
+mod audit;
 mod capabilities;
 mod client;
 mod client_in_process;

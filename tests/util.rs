@@ -295,10 +295,18 @@ impl Client {
 
     /// Sends a request with a fresh integer id and returns its id.
     pub async fn send_request(&mut self, method: &str, params: Value) -> i64 {
+        self.send_request_with(method, params, json!({})).await
+    }
+
+    /// Like [`Client::send_request`], with `extra` top-level members (a `trace`).
+    pub async fn send_request_with(&mut self, method: &str, params: Value, extra: Value) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.send(json!({"id": id, "method": method, "params": params}))
-            .await;
+        let mut message = json!({"id": id, "method": method, "params": params});
+        if let (Some(message), Some(extra)) = (message.as_object_mut(), extra.as_object()) {
+            message.extend(extra.clone());
+        }
+        self.send(message).await;
         id
     }
 

@@ -91,6 +91,10 @@ async fn run_stdio(world: &world::World, data: &[u8]) {
         detach_on_close: false,
         drain_on_end: Some(Duration::from_millis(200)),
         descriptor: None,
+        who: std::sync::Arc::new(exec_server_core::audit::Who {
+            transport: "stdio",
+            ..Default::default()
+        }),
     };
     let connection = tokio::spawn(serve_connection(
         std::sync::Arc::clone(server),

@@ -3,6 +3,7 @@
 //! * [`jsonrpc`] — the codex-dialect JSON-RPC envelope: ids, message classification,
 //!   response and notification encoding.
 //! * [`bytes`] — base64 in and out, and the empty `{}` result.
+//! * [`clock`] — RFC 3339 timestamps in UTC.
 //! * [`decode`] — the bounded decoder every inbound message goes through (size, value
 //!   count, depth, duplicate keys).
 //! * [`error`] — [`RpcError`] and one constructor per error message the spec names.
@@ -13,6 +14,7 @@
 //!   method, camelCase on the wire.
 
 pub mod bytes;
+pub mod clock;
 pub mod decode;
 pub mod environment;
 pub mod error;

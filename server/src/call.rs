@@ -8,6 +8,7 @@ use exec_server_proto::RequestId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::{AuditScope, Auditor, Who};
 use crate::extensions::Extensions;
 use crate::outbound::{Outbound, ResponseRoom};
 use crate::session::Session;
@@ -23,6 +24,9 @@ pub(crate) struct ConnectionShared {
     pub(crate) waiting: Arc<Semaphore>,
     /// The server's capability flags (CODEX-0169 §2.2).
     pub(crate) capabilities: Arc<Capabilities>,
+    /// The server's audit trail, and who this connection is.
+    pub(crate) audit: Arc<Auditor>,
+    pub(crate) who: Arc<Who>,
 }
 
 /// The context of one request.
@@ -42,6 +46,11 @@ pub struct Call {
     /// The bytes reserved for this request's answer; the connection hands them to the
     /// queue with the answer, or frees them when the request is abandoned.
     pub(crate) response_room: Arc<ResponseRoom>,
+    /// The request's W3C `traceparent`, when the client sent a well-formed one.
+    pub(crate) traceparent: Option<String>,
+    /// What the handler adds to the request's audit event; `None` when it is not recorded.
+    pub(crate) audit_notes:
+        Option<Arc<std::sync::Mutex<serde_json::Map<String, serde_json::Value>>>>,
 }
 
 /// An owned handle on a request's reserved answer room, for work that makes the answer
@@ -176,6 +185,32 @@ impl Call {
         AnswerRoom {
             outbound: self.outbound.clone(),
             room: Arc::clone(&self.response_room),
+        }
+    }
+
+    /// Adds `key` to this request's audit event (what only the handler knows: the
+    /// process's pid, the isolation obtained, the bytes written). Nothing when the request
+    /// is not recorded. Never put a secret in.
+    pub fn audit_note(&self, key: &str, value: impl FnOnce() -> serde_json::Value) {
+        if let Some(notes) = &self.audit_notes {
+            let value = value();
+            notes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.to_owned(), value);
+        }
+    }
+
+    /// The scope of events this request causes later (a process's exit): the trail,
+    /// who asked, the session, this request.
+    pub fn audit_scope(&self) -> AuditScope {
+        AuditScope {
+            auditor: Arc::clone(&self.connection.audit),
+            who: Arc::clone(&self.connection.who),
+            session: Some(self.session.id().to_owned()),
+            traceparent: self.traceparent.clone(),
+            method: None,
+            request_id: Some(self.id.clone()),
         }
     }
 

@@ -25,6 +25,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::audit::request::{RequestAudit, RequestOrigin};
+use crate::audit::{AuditScope, Level, Outcome, Who};
 use crate::call::{Call, ConnectionShared};
 use crate::extensions::Extensions;
 use crate::metrics;
@@ -61,6 +63,8 @@ pub struct ConnectionInfo {
     /// The accepted socket's charge to the descriptor budget (WebSocket), moved into the
     /// session the connection attaches to.
     pub descriptor: Option<crate::descriptors::ConnectionCharge>,
+    /// Who the peer is, as far as the transport knows (audit events).
+    pub who: Arc<Who>,
 }
 
 /// Serves one connection until its inbound stream ends or the server shuts down. The
@@ -91,6 +95,8 @@ pub async fn serve_connection<S>(
         closed: CancellationToken::new(),
         waiting: Arc::new(Semaphore::new(server.core.dispatch.max_waiting_reads)),
         capabilities: Arc::clone(server.router.capabilities()),
+        audit: Arc::clone(&server.audit),
+        who: Arc::clone(&info.who),
     });
     let mut processor = Processor {
         in_flight: Arc::new(Semaphore::new(server.core.dispatch.max_in_flight)),
@@ -213,6 +219,7 @@ impl Processor {
         self.shared.extensions.end_all();
         if let Some((session, generation)) = self.session.take() {
             if self.info.detach_on_close {
+                self.session_event(&session, "session.detached");
                 self.server.sessions.detach(&session, generation);
             } else {
                 self.server.sessions.end(&session);
@@ -320,6 +327,29 @@ impl Processor {
             }
         };
 
+        let audit = RequestAudit::begin(
+            &self.server.audit,
+            RequestOrigin {
+                who: &self.info.who,
+                session: session.id(),
+                method: &method,
+                id: &id,
+                traceparent: traceparent.as_deref(),
+            },
+            &route.audit,
+            &params,
+        );
+        // In `blocking` mode a changing request waits here, before anything later on the
+        // connection is read, so arrival order still decides (PROTOCOL §2.9).
+        if let Some(audit) = audit.as_ref().filter(|a| a.waits_before_running()) {
+            if let Err(unwritten) = audit.received().await {
+                let refusal = unwritten.refusal(&method);
+                tracing::warn!(%method, backend = %unwritten.backend, "request refused: the audit trail is not writing");
+                metrics.record(false);
+                audit.refused(Outcome::error(&refusal));
+                return self.reply(&id, Err(refusal)).await;
+            }
+        }
         let permit = Arc::clone(&self.in_flight)
             .acquire_owned()
             .await
@@ -336,6 +366,8 @@ impl Processor {
             extensions: Arc::clone(&self.extensions),
             outbound: self.outbound.clone(),
             response_room: Arc::clone(&response_room),
+            traceparent: traceparent.clone(),
+            audit_notes: audit.as_ref().map(RequestAudit::notes),
         };
         let outbound = self.outbound.clone();
         // `process`: the process a request is about, when it names one, so a process's
@@ -388,6 +420,9 @@ impl Processor {
                         "request answered"
                     ),
                 }
+                if let Some(audit) = audit {
+                    audit.completed(Outcome::of(&result)).await;
+                }
                 outbound
                     .respond_reserved(&id, result, response_room.take())
                     .await;
@@ -437,6 +472,12 @@ impl Processor {
         if let Some(charge) = &self.info.descriptor {
             charge.move_to(session.id());
         }
+        session.set_who(&self.info.who);
+        let kind = match &params.resume_session_id {
+            Some(_) => "session.resumed",
+            None => "session.opened",
+        };
+        self.session_event(&session, kind);
         self.session = Some((session, generation));
         encode_value(&result)
     }
@@ -461,10 +502,22 @@ impl Processor {
             session = %session.id(),
             "session closed by the client"
         );
-        self.server.sessions.end(session);
+        self.server
+            .sessions
+            .end_because(session, crate::session::Ending::ClosedByClient);
         self.session = None;
         self.closed_by_client = true;
         encode_value(&serde_json::json!({}))
+    }
+
+    /// Records a session event of this connection (`session.opened`, …).
+    fn session_event(&self, session: &Session, kind: &'static str) {
+        let scope = AuditScope::connection(
+            &self.server.audit,
+            Arc::clone(&self.info.who),
+            Some(session.id().to_owned()),
+        );
+        scope.emit(kind, |_: Level| serde_json::Map::new());
     }
 
     async fn reply(&self, id: &RequestId, result: Result<Box<RawValue>, RpcError>) {

@@ -28,6 +28,10 @@ impl InProcessConnection {
             detach_on_close: true,
             drain_on_end: None,
             descriptor: None,
+            who: Arc::new(crate::audit::Who {
+                transport: "in-process",
+                ..Default::default()
+            }),
         };
         let stream = Box::pin(futures_util::stream::poll_fn(move |cx| {
             inbound.poll_recv(cx)

@@ -11,6 +11,8 @@
 //! * [`server`] — the shared [`ServerContext`], listener registry, start-up and shutdown.
 //! * [`transport`] — the stdio and WebSocket listeners.
 //! * [`in_process`] — a connection without a transport, for tests and embedding.
+//! * [`audit`] — the audit trail: events, who caused them, the `[audit]` policy and its
+//!   backends; `audit_config`, the `[audit]` table's checks and registration.
 //! * [`metrics`] — process-wide counters, gauges and histograms for `/metrics`.
 //! * [`quota`] — per-session quotas: how much of a resource one session may hold.
 //! * [`descriptors`] — the one budget of file descriptors held for clients, shared out by
@@ -24,6 +26,8 @@
 //! * [`hygiene`] — process hardening run first thing: non-dumpable, secrets out of the
 //!   environment, descriptor limit raised.
 
+pub mod audit;
+mod audit_config;
 pub mod call;
 pub mod client_requests;
 pub mod config_section;

@@ -155,6 +155,8 @@ pub struct Install<'a> {
     pub(crate) extensions: Vec<ExtensionDecl>,
     pub(crate) environment_info: Option<(&'static str, EnvironmentInfoFn)>,
     pub(crate) errors: Vec<String>,
+    /// What each method's audit events record ([`Install::audit_method`]).
+    pub(crate) audits: Vec<(&'static str, crate::audit::MethodAudit)>,
     /// Services several plugins of this server use together (one of each type).
     pub(crate) shared: &'a crate::extensions::Extensions,
 }
@@ -260,6 +262,19 @@ impl<'a> Install<'a> {
             ));
         }
         self.environment_info = Some((method, describe));
+    }
+
+    /// Declares what the audit trail records of `method` (one of this plugin's): whether
+    /// it changes the machine and how its request is described. A method not declared
+    /// counts as changing, and its events name only its params' members.
+    pub fn audit_method(&mut self, method: &'static str, audit: crate::audit::MethodAudit) {
+        if !self.plugin.methods.iter().any(|m| m.name == method) {
+            self.errors.push(format!(
+                "plugin `{}` declares the audit of `{method}`, which it does not declare",
+                self.plugin.name
+            ));
+        }
+        self.audits.push((method, audit));
     }
 
     /// Registers a typed handler: params decode from JSON as `P` (-32602 with the decoder's

@@ -192,6 +192,8 @@ pub struct Route {
     pub handler: Option<Arc<dyn Method>>,
     /// This method's request counters and duration histogram.
     pub metrics: RequestMetrics,
+    /// What the audit trail records of the method.
+    pub audit: crate::audit::MethodAudit,
 }
 
 /// Per-method request metrics, created once so the hot path only bumps atomics.
@@ -261,6 +263,7 @@ impl Router {
         let shared = crate::extensions::Extensions::default();
         for &(plugin, enabled) in &plan.plugins {
             let mut handlers = HashMap::new();
+            let mut audits = HashMap::new();
             if enabled {
                 let mut install = Install {
                     plugin,
@@ -271,6 +274,7 @@ impl Router {
                     extensions: Vec::new(),
                     environment_info: None,
                     errors: Vec::new(),
+                    audits: Vec::new(),
                     shared: &shared,
                 };
                 (plugin.install)(&mut install).map_err(|e| {
@@ -280,6 +284,7 @@ impl Router {
                     return Err(StartupError(error));
                 }
                 handlers = install.handlers.into_iter().collect();
+                audits = install.audits.into_iter().collect();
                 capability_decls.extend(install.capabilities);
                 extension_decls.extend(install.extensions);
                 if let Some(describe) = install.environment_info {
@@ -313,6 +318,7 @@ impl Router {
                         family: method.family,
                         handler: if entry.enabled { handler } else { None },
                         metrics: RequestMetrics::for_method(method.name),
+                        audit: audits.remove(method.name).unwrap_or_default(),
                     },
                 );
             }

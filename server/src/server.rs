@@ -18,6 +18,8 @@ use crate::session::SessionRegistry;
 /// What every connection of a server shares.
 pub struct ServerContext {
     pub core: CoreConfig,
+    /// The audit trail (`[audit]`); disabled, it records nothing.
+    pub audit: Arc<crate::audit::Auditor>,
     pub router: Router,
     pub sessions: Arc<SessionRegistry>,
     pub decode_limits: DecodeLimits,
@@ -36,9 +38,14 @@ impl ServerContext {
     pub fn new(source: &ConfigSource, core: CoreConfig) -> Result<Arc<Self>, StartupError> {
         let plan = MethodPlan::new(source, &core, &plugins(), &config_sections())?;
         crate::descriptor_config::configure(source)?;
+        let audit = open_audit(source, &core, &plan)?;
         let router = Router::install(&plan, source, &core)?;
         Ok(Arc::new(Self {
-            sessions: SessionRegistry::new(Duration::from_millis(core.session.detached_ttl_ms)),
+            sessions: SessionRegistry::with_audit(
+                Duration::from_millis(core.session.detached_ttl_ms),
+                Arc::clone(&audit),
+            ),
+            audit,
             decode_limits: DecodeLimits {
                 max_message_bytes: core.limits.max_message_bytes,
                 max_json_values: core.limits.max_json_values,
@@ -82,6 +89,26 @@ impl ServerContext {
         self.shutdown.cancel();
         self.sessions.end_all();
     }
+}
+
+/// Opens the audit trail before any plugin runs (a trail that cannot be written stops the
+/// server) and records the configuration it starts with.
+fn open_audit(
+    source: &ConfigSource,
+    core: &CoreConfig,
+    plan: &MethodPlan,
+) -> Result<Arc<crate::audit::Auditor>, StartupError> {
+    let config: crate::audit::AuditConfig =
+        crate::plugin::load_checked(source, crate::audit::config::TABLE)?;
+    let audit = crate::audit::Auditor::open(&config, source).map_err(StartupError)?;
+    if audit.is_enabled() {
+        let mut effective = core.to_redacted_json();
+        for (name, section) in &plan.tables {
+            effective[*name] = section.clone();
+        }
+        audit.config_loaded(&effective, source.config_file());
+    }
+    Ok(audit)
 }
 
 /// A bound-or-bindable way in: one per `--listen` URL.
@@ -199,6 +226,9 @@ pub fn open_listeners(
     Ok(listeners)
 }
 
+/// How long shutdown waits for the audit backends to write what is queued.
+const AUDIT_SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
 /// How long shutdown waits for listeners to close their connections.
 const LISTENER_SHUTDOWN_WAIT: Duration = Duration::from_secs(6);
 
@@ -245,6 +275,8 @@ pub async fn run(
         while tasks.join_next().await.is_some() {}
     })
     .await;
+    // The sessions' last events are queued by now; let the backends write them.
+    server.audit.flush(AUDIT_SHUTDOWN_WAIT).await;
     failure.map_or(Ok(()), |failed| Err(failed.into()))
 }
 

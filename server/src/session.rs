@@ -15,6 +15,7 @@ use exec_server_proto::RpcError;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::audit::{AuditScope, Auditor, Level, Who};
 use crate::client_requests::{ClientAnswer, ClientRequests, NoAnswer};
 use crate::extensions::{Extensions, SessionState};
 use crate::metrics;
@@ -37,6 +38,8 @@ pub struct Session {
     extensions: Extensions,
     /// Requests sent to the client that wait for its answer.
     client_requests: Arc<ClientRequests>,
+    /// Who the session's last connection was, for the events of its end.
+    who: Mutex<Arc<Who>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -59,7 +62,18 @@ impl Session {
             }),
             extensions: Extensions::default(),
             client_requests: Arc::default(),
+            who: Mutex::new(Arc::new(Who::default())),
         }
+    }
+
+    /// Records who the attached connection is (audit events of the session's end).
+    pub(crate) fn set_who(&self, who: &Arc<Who>) {
+        *self.who.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(who);
+    }
+
+    /// Who the last connection attached to the session was.
+    pub(crate) fn who(&self) -> Arc<Who> {
+        Arc::clone(&self.who.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The session id (a UUID v4).
@@ -183,9 +197,20 @@ impl Session {
 }
 
 /// All sessions of the server, shared by every listener.
+/// Why a session ended, as its audit event says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Expired,
+    ClosedByClient,
+    ConnectionEnded,
+    Shutdown,
+}
+
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     detached_ttl: Duration,
+    /// Where the ends of sessions are recorded.
+    audit: Arc<Auditor>,
     /// `exec_server_sessions{state="attached"}`.
     attached: metrics::Gauge,
     /// `exec_server_sessions{state="detached"}`: waiting for a resume or their expiry.
@@ -194,6 +219,11 @@ pub struct SessionRegistry {
 
 impl SessionRegistry {
     pub fn new(detached_ttl: Duration) -> Arc<Self> {
+        Self::with_audit(detached_ttl, Auditor::disabled())
+    }
+
+    /// A registry whose sessions' ends are recorded in `audit`.
+    pub fn with_audit(detached_ttl: Duration, audit: Arc<Auditor>) -> Arc<Self> {
         // Sessions are live in the descriptor budget from the first one on.
         crate::descriptors::register();
         let gauge = |state| {
@@ -206,6 +236,7 @@ impl SessionRegistry {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             detached_ttl,
+            audit,
             attached: gauge("attached"),
             detached: gauge("detached"),
         })
@@ -234,7 +265,7 @@ impl SessionRegistry {
         }
         if attachment.deadline.is_some_and(|d| d <= Instant::now()) {
             drop(attachment);
-            self.end(&session);
+            self.end_because(&session, Ending::Expired);
             return Err(RpcError::unknown_session(id));
         }
         if attachment.outbound.is_some() {
@@ -278,13 +309,18 @@ impl SessionRegistry {
             };
             if expired {
                 tracing::info!(session = %session.id, "detached session expired");
-                registry.end(&session);
+                registry.end_because(&session, Ending::Expired);
             }
         });
     }
 
     /// Ends a session: removes it and runs the plugins' `session_ended` hooks.
     pub fn end(&self, session: &Arc<Session>) {
+        self.end_because(session, Ending::ConnectionEnded);
+    }
+
+    /// Ends `session` (as [`SessionRegistry::end`]) and records why.
+    pub fn end_because(&self, session: &Arc<Session>, why: Ending) {
         {
             let mut attachment = session.lock();
             if attachment.ended {
@@ -303,6 +339,7 @@ impl SessionRegistry {
             sessions.remove(&session.id);
             shrink_when_sparse(&mut sessions);
         }
+        self.record_end(session, why);
         session.extensions.end_all();
         crate::fair_budget::session_ended(&session.id);
         crate::memory_trim::session_ended();
@@ -312,8 +349,27 @@ impl SessionRegistry {
     pub fn end_all(&self) {
         let all: Vec<Arc<Session>> = self.lock().values().cloned().collect();
         for session in all {
-            self.end(&session);
+            self.end_because(&session, Ending::Shutdown);
         }
+    }
+
+    /// `session.expired` or `session.closed` with the reason.
+    fn record_end(&self, session: &Session, why: Ending) {
+        let scope = AuditScope::connection(&self.audit, session.who(), Some(session.id.clone()));
+        let (kind, reason) = match why {
+            Ending::Expired => (
+                "session.expired",
+                "detached longer than session.detached_ttl_ms",
+            ),
+            Ending::ClosedByClient => ("session.closed", "session/close"),
+            Ending::ConnectionEnded => ("session.closed", "its connection ended"),
+            Ending::Shutdown => ("session.closed", "the server shut down"),
+        };
+        scope.emit(kind, |_: Level| {
+            let mut details = serde_json::Map::new();
+            details.insert("reason".into(), reason.into());
+            details
+        });
     }
 
     /// Number of live sessions.

@@ -1,5 +1,6 @@
 //! Every row group, run in order. Each row measures exec-server and its floor back to back.
 
+mod audit;
 mod fair_fs;
 mod fair_process;
 mod fs;
@@ -69,6 +70,9 @@ pub async fn run_all(budget: Budget, wanted: impl Fn(&str) -> bool) -> Vec<Row> 
     }
     if wanted("sandbox_spawn") {
         rows.push(process::sandbox_spawn(budget).await);
+    }
+    if wanted("audit_rtt_meta") || wanted("audit_spawn") {
+        rows.extend(audit::audit(budget).await);
     }
     let mut pipe_out_rate = 0.0;
     if wanted("pipe_out") || relay {

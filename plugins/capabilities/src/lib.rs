@@ -65,5 +65,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.capability(capability::CAPABILITY_DISCOVERY_V2, &[DISCOVER_V2]);
     install.method_with(DISCOVER_V1, &discovery, roots::handle);
     install.method_with(DISCOVER_V2, &discovery, installed::handle);
+    install.audit_method(DISCOVER_V1, exec_server_core::audit::MethodAudit::READ_ONLY);
+    install.audit_method(DISCOVER_V2, exec_server_core::audit::MethodAudit::READ_ONLY);
     Ok(())
 }

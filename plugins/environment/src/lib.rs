@@ -61,5 +61,8 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
             status: "ready".into(),
         })
     });
+    install.audit_method(INFO, exec_server_core::audit::MethodAudit::READ_ONLY);
+    install.audit_method(STATUS, exec_server_core::audit::MethodAudit::READ_ONLY);
+    install.audit_method(CONFIG_READ, exec_server_core::audit::MethodAudit::READ_ONLY);
     Ok(())
 }

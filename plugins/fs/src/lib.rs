@@ -36,6 +36,7 @@
 mod acl;
 mod ambiguous_names;
 mod answer_room;
+mod audit;
 mod blocking;
 mod cached_lookup;
 mod config;
@@ -144,5 +145,6 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
         &config,
         watch::changes::handle_unwatch,
     );
+    audit::declare(install);
     Ok(())
 }

@@ -15,6 +15,7 @@
 //! * `streams` — the streamed responses running on a connection.
 //! * `request` — the `http/request` handler.
 
+mod audit;
 mod body;
 mod config;
 mod exchange;
@@ -66,5 +67,6 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     let state = Arc::new(HttpState::new(config, ca_file).map_err(InstallError)?);
     install.method_with(REQUEST, &state, request::handle);
     install.capability(capability::HTTP_HEADER_ENV_VARS, &[REQUEST]);
+    audit::declare(install);
     Ok(())
 }

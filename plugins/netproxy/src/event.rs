@@ -7,9 +7,9 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::clock::rfc3339_millis;
 use crate::decision::{Decision, Protocol, Reason, Scope, Source, Verdict};
 use crate::policy::Target;
+use exec_server_proto::clock::rfc3339_millis;
 
 /// One decision about one connection, serialized in the notification's member order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

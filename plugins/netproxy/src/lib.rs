@@ -18,13 +18,12 @@
 //! * [`server`]: listeners, accept loops, shutdown.
 //! * [`client_proxy`], [`bridge`]: a proxy the client runs itself, found in the child's
 //!   variables and reached through forwarding listeners (no policy of ours).
-//! * `http_proxy`, `socks`, `blocked`, `relay`, `upstream`, `context`, `clock`: the
+//! * `http_proxy`, `socks`, `blocked`, `relay`, `upstream`, `context`: the
 //!   connection handlers and their helpers.
 
 mod blocked;
 pub mod bridge;
 pub mod client_proxy;
-mod clock;
 pub mod config;
 mod context;
 pub mod decider;

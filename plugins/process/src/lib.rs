@@ -24,6 +24,7 @@
 //! * `sys` — thin wrappers over the system calls used on the server side.
 
 mod admission;
+mod audit;
 pub mod config;
 mod environment;
 mod keeper;
@@ -119,6 +120,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.method_with(RESIZE, &plugin, resize::resize);
     install.method_with(TERMINATE, &plugin, terminate::terminate);
     install.method_with(CLOSE_STDIN, &plugin, write::close_stdin);
+    audit::declare(install);
     // `networkProxy` with `enforceManagedNetwork` (the child confined to its proxy in a
     // network namespace of its own), and `network/policyRequest` for allowlist misses.
     install.capability(capability::NETWORK_PROXY_LAUNCH, &[START]);

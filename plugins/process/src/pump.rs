@@ -19,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use exec_server_core::audit::AuditScope;
 use exec_server_core::metrics::{self, Counter, Gauge};
 use exec_server_core::proto::process::{
     encode_output_notification, ClosedNotification, ExitedNotification, OutputStream, CLOSED,
@@ -62,6 +63,11 @@ enum Which {
 
 pub(crate) struct Pump {
     pub process: Arc<ManagedProcess>,
+    /// Where the exit is recorded, on behalf of the `process/start` that started it.
+    pub audit: AuditScope,
+    /// When the process started, and the bytes of output it has written since.
+    pub started: std::time::Instant,
+    pub bytes_out: u64,
     pub session: Arc<Session>,
     pub table: Arc<ProcessTable>,
     /// stdout, or the terminal.
@@ -214,8 +220,35 @@ impl Pump {
             exit_code: code,
             sandbox_denied,
         };
+        // Recorded before the client hears of it, so what it does next is recorded after.
+        self.record_exit(code, sandbox_denied);
         self.notify(EXITED, &exited).await;
         true
+    }
+
+    /// `process.exited`: the status, how long it ran, its output, and whether the server
+    /// killed its group because the session ended.
+    fn record_exit(&self, code: i32, sandbox_denied: bool) {
+        let killed_at_session_end = self.table.session_has_ended();
+        self.audit.emit("process.exited", |_| {
+            let mut details = serde_json::Map::new();
+            details.insert("processId".into(), self.process.id.clone().into());
+            details.insert("exitCode".into(), code.into());
+            if code > 128 {
+                details.insert("signal".into(), (code - 128).into());
+            }
+            let duration = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            details.insert("durationMs".into(), duration.into());
+            details.insert("bytesOut".into(), self.bytes_out.into());
+            details.insert("sandboxDenied".into(), sandbox_denied.into());
+            if killed_at_session_end {
+                details.insert(
+                    "killedBy".into(),
+                    "session end (SIGKILL to its group)".into(),
+                );
+            }
+            details
+        });
     }
 
     /// Reads what the child left in its streams, a bounded number of reads per stream.
@@ -275,6 +308,7 @@ impl Pump {
     }
 
     async fn publish(&mut self, stream: OutputStream, chunk: Bytes) {
+        self.bytes_out += chunk.len() as u64;
         let seq = self.process.record_output(stream, chunk.clone());
         if let Some(queued) = self.response_queued.take() {
             queued.wait().await;

@@ -141,6 +141,16 @@ pub(crate) async fn start(
                 }
             }
             warn_about_weaker_confinement(&params.process_id, &report, decision.policy());
+            cx.audit_note("isolation", || {
+                serde_json::to_value(report).unwrap_or(serde_json::Value::Null)
+            });
+            if let Some(policy) = decision.policy() {
+                let enforcement = plugin.sandbox.config().enforcement;
+                cx.audit_note("appliedPolicy", || {
+                    serde_json::from_str(&policy.to_helper_json(enforcement))
+                        .unwrap_or(serde_json::Value::Null)
+                });
+            }
             if report.is_enforced() {
                 SandboxType::LinuxSeccomp
             } else {
@@ -171,6 +181,10 @@ pub(crate) async fn start(
         network::hold_until(proxy, async move { process.exited().await });
     }
     tracing::debug!(process = ?process.id, pid, "process started");
+    cx.audit_note("pid", || pid.into());
+    cx.audit_note("sandboxType", || {
+        serde_json::to_value(sandbox_type).unwrap_or(serde_json::Value::Null)
+    });
     let pump = Pump {
         process,
         session: Arc::clone(cx.session()),
@@ -183,6 +197,9 @@ pub(crate) async fn start(
         closed_retention: Duration::from_millis(config.closed_retention_ms),
         sandboxed_grace: (sandbox_type == SandboxType::LinuxSeccomp)
             .then(|| Duration::from_millis(plugin.sandbox.config().exit_output_grace_ms)),
+        audit: cx.audit_scope(),
+        started: std::time::Instant::now(),
+        bytes_out: 0,
     };
     pump.spawn();
     Ok(StartResult {

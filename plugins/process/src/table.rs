@@ -129,6 +129,11 @@ impl ProcessTable {
         CollectingGuard(Arc::clone(&self.collecting))
     }
 
+    /// True once the session has ended (its processes are being killed).
+    pub fn session_has_ended(&self) -> bool {
+        self.ended.is_cancelled()
+    }
+
     /// Resolves when the session has ended.
     pub fn ended(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.ended.cancelled()

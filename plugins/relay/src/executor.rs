@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use exec_server_core::audit::{AuditScope, AuthIdentity, Level, RelayIdentity, Who};
 use exec_server_core::config::ConfigSource;
 use exec_server_core::connection::{serve_connection, ConnectionInfo, Inbound};
 use exec_server_core::{Listener, ListenerFailed, ServerContext, StartupError};
@@ -855,6 +856,7 @@ impl Executor {
             }
             return;
         }
+        let who = self.stream_who(&sid, responder.remote_static());
         let mut msg2 = vec![0u8; self.identity.suite().msg2_len()];
         let transport = responder.write_message(&[], &mut msg2).and_then(|n| {
             msg2.truncate(n);
@@ -906,7 +908,7 @@ impl Executor {
                 .await;
             tracing::debug!(stream = %sid, ?semantics, "relay stream established");
             executor
-                .run_stream(sid, digest, semantics, transport, inbox_rx)
+                .run_stream(sid, digest, semantics, transport, inbox_rx, who)
                 .await;
         });
     }
@@ -918,7 +920,17 @@ impl Executor {
         semantics: Semantics,
         transport: Box<dyn RecordCipher>,
         inbox: mpsc::Receiver<StreamEvent>,
+        who: Arc<Who>,
     ) {
+        let audit = AuditScope::connection(&self.server.audit, Arc::clone(&who), None);
+        audit.emit("relay.stream.opened", |_: Level| {
+            let mut details = serde_json::Map::new();
+            details.insert(
+                "semantics".into(),
+                format!("{semantics:?}").to_lowercase().into(),
+            );
+            details
+        });
         let machine = ReliableStream::new(
             sid.clone(),
             Role::Executor,
@@ -929,7 +941,7 @@ impl Executor {
             Instant::now(),
         );
         let (app, mut connection) = match &self.forward {
-            None => self.local_connection(&sid),
+            None => self.local_connection(&sid, who),
             Some(target) => forward_connection(target.clone(), &sid),
         };
         let end = drive_stream(
@@ -964,12 +976,46 @@ impl Executor {
         {
             connection.abort();
         }
+        audit.emit("relay.stream.closed", |_: Level| {
+            let mut details = serde_json::Map::new();
+            details.insert("end".into(), format!("{end:?}").into());
+            details
+        });
     }
 }
 
 impl Executor {
     /// The stream's JSON-RPC connection, served by this process.
-    fn local_connection(&self, sid: &str) -> (AppSide, tokio::task::JoinHandle<()>) {
+    /// Who a stream's harness is, for the audit trail: its Noise static key (as a hash),
+    /// the environment and the rendezvous (without query or fragment).
+    fn stream_who(&self, sid: &str, harness: Option<NoisePublicKey>) -> Arc<Who> {
+        let subject = harness.map(|key| {
+            let hex: String = sha256(key.as_bytes())[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("sha256:{hex}")
+        });
+        let rendezvous = self.config.url.as_deref().unwrap_or_default();
+        let rendezvous = rendezvous.split(['?', '#']).next().unwrap_or_default();
+        Arc::new(Who {
+            transport: "relay",
+            peer: None,
+            auth: Some(AuthIdentity {
+                mode: "noise",
+                subject,
+                issuer: None,
+            }),
+            relay: Some(RelayIdentity {
+                environment: self.environment_id.clone(),
+                rendezvous: rendezvous.to_owned(),
+                stream: sid.to_owned(),
+                suite: self.identity.suite().name(),
+            }),
+        })
+    }
+
+    fn local_connection(&self, sid: &str, who: Arc<Who>) -> (AppSide, tokio::task::JoinHandle<()>) {
         let (to_app, app_rx) = mpsc::channel::<Bytes>(1);
         let (outbound, from_app) = self
             .server
@@ -982,6 +1028,7 @@ impl Executor {
             detach_on_close: true,
             drain_on_end: None,
             descriptor: None,
+            who,
         };
         let inbound = Box::pin(futures_util::stream::unfold(app_rx, |mut rx| async move {
             rx.recv().await.map(|bytes| (Inbound::Message(bytes), rx))

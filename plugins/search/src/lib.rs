@@ -58,5 +58,7 @@ fn install(install: &mut Install<'_>) -> Result<(), InstallError> {
     install.extension(EXTENSION, &[MATCH, DONE]);
     install.method_with(START, &state, start::handle);
     install.method(CANCEL, cancel::handle);
+    install.audit_method(START, exec_server_core::audit::MethodAudit::READ_ONLY);
+    install.audit_method(CANCEL, exec_server_core::audit::MethodAudit::READ_ONLY);
     Ok(())
 }

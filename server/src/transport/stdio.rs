@@ -105,6 +105,10 @@ where
         detach_on_close: false,
         drain_on_end: Some(Duration::from_millis(server.core.connection.stdio_drain_ms)),
         descriptor: None,
+        who: Arc::new(crate::audit::Who {
+            transport: TRANSPORT,
+            ..Default::default()
+        }),
     };
     serve_connection(
         Arc::clone(&server),

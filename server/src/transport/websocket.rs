@@ -22,8 +22,9 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use super::http_server::{serve_http, ListenerLimits};
-use super::ws_auth::authenticate;
+use super::ws_auth::{authenticate, authenticate_as, AuthFailure};
 use super::ws_upgrade::upgrade_request;
+use crate::audit::{AuditScope, Level, Outcome, Who};
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::descriptors::ConnectionCharge;
 use crate::outbound::OutboundDrain;
@@ -138,7 +139,7 @@ async fn route(
             }
         }
         "/livez" if is_get => StatusCode::OK.into_response(),
-        "/metrics" if is_get => metrics_response(&server, request.headers()),
+        "/metrics" if is_get => metrics_response(&server, peer, request.headers()),
         "/readyz" | "/livez" | "/metrics" => StatusCode::METHOD_NOT_ALLOWED.into_response(),
         "/" => upgrade(server, peer, request).await,
         _ => StatusCode::NOT_FOUND.into_response(),
@@ -146,8 +147,13 @@ async fn route(
 }
 
 /// `/metrics` reveals activity, so it is guarded like the upgrade.
-fn metrics_response(server: &ServerContext, headers: &axum::http::HeaderMap) -> Response {
+fn metrics_response(
+    server: &ServerContext,
+    peer: SocketAddr,
+    headers: &axum::http::HeaderMap,
+) -> Response {
     if let Err(failure) = authenticate(&server.core.websocket_auth, headers) {
+        auth_refused(server, peer, "/metrics", failure);
         return failure.into_response();
     }
     (
@@ -168,10 +174,20 @@ async fn upgrade(
         Ok(upgrade) => upgrade,
         Err(refusal) => return refusal.into_response(),
     };
-    if let Err(failure) = authenticate(&server.core.websocket_auth, &parts.headers) {
-        tracing::debug!(%peer, reason = failure.text(), "websocket upgrade refused");
-        return failure.into_response();
-    }
+    let auth = match authenticate_as(&server.core.websocket_auth, &parts.headers) {
+        Ok(auth) => auth,
+        Err(failure) => {
+            tracing::debug!(%peer, reason = failure.text(), "websocket upgrade refused");
+            auth_refused(&server, peer, "/", failure);
+            return failure.into_response();
+        }
+    };
+    let who = Arc::new(Who {
+        transport: TRANSPORT,
+        peer: Some(peer.to_string()),
+        auth: Some(auth),
+        relay: None,
+    });
     if !server.is_ready() {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
@@ -194,9 +210,31 @@ async fn upgrade(
         let socket =
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config))
                 .await;
-        serve_socket(server, peer, descriptor, socket).await;
+        serve_socket(server, peer, who, descriptor, socket).await;
     });
     response
+}
+
+/// Records `auth.refused`: an upgrade or `/metrics` request whose credential failed, with
+/// the reason the peer was given (never the credential).
+fn auth_refused(server: &ServerContext, peer: SocketAddr, target: &str, failure: AuthFailure) {
+    let who = Arc::new(Who {
+        transport: TRANSPORT,
+        peer: Some(peer.to_string()),
+        ..Who::default()
+    });
+    let scope = AuditScope::connection(&server.audit, who, None);
+    let level = scope.level("auth.refused");
+    if level == Level::None {
+        return;
+    }
+    let mut event = scope.event("auth.refused", level, serde_json::Map::new());
+    event.details.insert(
+        "target".into(),
+        serde_json::Value::String(target.to_owned()),
+    );
+    event.outcome = Some(Outcome::refused(failure.text()));
+    server.audit.record_now(&event);
 }
 
 /// True for a message or frame above the configured limits.
@@ -207,6 +245,7 @@ fn is_capacity_error(error: &WsError) -> bool {
 async fn serve_socket(
     server: Arc<ServerContext>,
     peer: SocketAddr,
+    who: Arc<Who>,
     descriptor: Option<ConnectionCharge>,
     socket: Socket,
 ) {
@@ -251,6 +290,7 @@ async fn serve_socket(
         detach_on_close: true,
         drain_on_end: None,
         descriptor,
+        who,
     };
     serve_connection(Arc::clone(&server), info, Box::pin(inbound), outbound).await;
     let close_code = too_big.load(Ordering::SeqCst).then_some(CLOSE_TOO_BIG);

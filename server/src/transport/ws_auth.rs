@@ -12,6 +12,8 @@ use exec_server_config::WebsocketAuth;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
+use crate::audit::AuthIdentity;
+
 /// Why an upgrade was refused; the body of its 401.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthFailure {
@@ -68,15 +70,34 @@ pub mod fuzzing {
 /// Checks `headers` against `auth`. Only the `Authorization` header counts: a token in
 /// the query string is ignored.
 pub fn authenticate(auth: &WebsocketAuth, headers: &HeaderMap) -> Result<(), AuthFailure> {
+    authenticate_as(auth, headers).map(|_| ())
+}
+
+/// Like [`authenticate`], answering who the credential names, for the audit trail: a
+/// capability token by `sha256:<the first 16 hex digits of its digest>` (never the token),
+/// a JWT by its `sub` and `iss`.
+pub fn authenticate_as(
+    auth: &WebsocketAuth,
+    headers: &HeaderMap,
+) -> Result<AuthIdentity, AuthFailure> {
+    let anonymous = |mode| AuthIdentity {
+        mode,
+        subject: None,
+        issuer: None,
+    };
     if auth.is_none() {
-        return Ok(());
+        return Ok(anonymous("none"));
     }
     let token = bearer_token(headers.get(header::AUTHORIZATION))?;
     match auth {
-        WebsocketAuth::None => Ok(()),
+        WebsocketAuth::None => Ok(anonymous("none")),
         WebsocketAuth::CapabilityToken { digest } => {
             if constant_time_eq(&token_digest(token), digest) {
-                Ok(())
+                let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                Ok(AuthIdentity {
+                    subject: Some(format!("sha256:{hex}")),
+                    ..anonymous("capability-token")
+                })
             } else {
                 Err(AuthFailure::WrongToken)
             }
@@ -120,7 +141,7 @@ fn check_jwt(
     issuer: Option<&str>,
     audience: Option<&str>,
     skew: u64,
-) -> Result<(), AuthFailure> {
+) -> Result<AuthIdentity, AuthFailure> {
     let mut validation = Validation::new(Algorithm::HS256);
     validation.required_spec_claims.clear();
     validation.validate_exp = false;
@@ -149,7 +170,11 @@ fn check_jwt(
             return Err(AuthFailure::AudienceMismatch);
         }
     }
-    Ok(())
+    Ok(AuthIdentity {
+        mode: "signed-bearer-token",
+        subject: claims.sub.map(str::to_owned),
+        issuer: claims.iss.map(str::to_owned),
+    })
 }
 
 /// The claims §3.3 judges, each of its own type.
@@ -159,6 +184,8 @@ struct JwtClaims<'a> {
     iss: Option<&'a str>,
     /// A single audience is a list of one.
     aud: Option<Vec<&'a str>>,
+    /// Who the token names (recorded, never judged); a `sub` of another type is ignored.
+    sub: Option<&'a str>,
 }
 
 impl<'a> JwtClaims<'a> {
@@ -183,7 +210,14 @@ impl<'a> JwtClaims<'a> {
             Some(_) => return None,
             None => None,
         };
-        Some(Self { exp, nbf, iss, aud })
+        let sub = claims.get("sub").and_then(Value::as_str);
+        Some(Self {
+            exp,
+            nbf,
+            iss,
+            aud,
+            sub,
+        })
     }
 }
 
@@ -209,7 +243,33 @@ mod tests {
 
     /// The check with issuer `issuer-a`, audience `aud-a` and `skew`.
     fn check(claims: &Value, skew: u64) -> Result<(), AuthFailure> {
-        check_jwt(&jwt(claims), SECRET, Some("issuer-a"), Some("aud-a"), skew)
+        check_jwt(&jwt(claims), SECRET, Some("issuer-a"), Some("aud-a"), skew).map(|_| ())
+    }
+
+    #[test]
+    fn identities_name_the_credential_without_revealing_it() {
+        let claims = json!({"exp": now() + 60, "iss": "issuer-a", "aud": "aud-a", "sub": "ci-bot"});
+        let who = check_jwt(&jwt(&claims), SECRET, Some("issuer-a"), Some("aud-a"), 30).unwrap();
+        assert_eq!(
+            (who.mode, who.subject.as_deref(), who.issuer.as_deref()),
+            ("signed-bearer-token", Some("ci-bot"), Some("issuer-a"))
+        );
+        let token = "a-capability-token-of-some-length";
+        let auth = WebsocketAuth::CapabilityToken {
+            digest: token_digest(token),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        let who = authenticate_as(&auth, &headers).unwrap();
+        let subject = who.subject.unwrap();
+        assert!(
+            subject.starts_with("sha256:") && subject.len() == 7 + 16,
+            "{subject}"
+        );
+        assert!(!subject.contains(token));
     }
 
     /// Found by the `ws_auth` fuzz target: claims of another type than the spec's were

@@ -1,20 +1,35 @@
-//! RFC 3339 timestamps with milliseconds in UTC (`2026-11-28T00:54:10.103Z`), the form of
-//! `network/policyDecision.timestamp`, without a calendar crate.
+//! RFC 3339 timestamps in UTC without a calendar crate: with milliseconds
+//! (`2026-11-28T00:54:10.103Z`, the form of `network/policyDecision.timestamp`) or
+//! microseconds (`2026-11-28T00:54:10.103412Z`, audit events).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// `time` with milliseconds.
 pub fn rfc3339_millis(time: SystemTime) -> String {
+    let (date, subsec) = rfc3339_seconds(time);
+    format!("{date}.{:03}Z", subsec.as_millis())
+}
+
+/// `time` with microseconds.
+pub fn rfc3339_micros(time: SystemTime) -> String {
+    let (date, subsec) = rfc3339_seconds(time);
+    format!("{date}.{:06}Z", subsec.as_micros())
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` of `time`, and the fraction of its second.
+fn rfc3339_seconds(time: SystemTime) -> (String, std::time::Duration) {
     let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since_epoch.as_secs();
     let (days, day_secs) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+    let date = format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
         day_secs / 3600,
         day_secs / 60 % 60,
         day_secs % 60,
-        since_epoch.subsec_millis()
-    )
+    );
+    let subsec = since_epoch - std::time::Duration::from_secs(secs);
+    (date, subsec)
 }
 
 /// Days since 1970-01-01 → (year, month, day), Howard Hinnant's `civil_from_days`.
@@ -43,5 +58,7 @@ mod tests {
         assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(at(1_795_827_250_103), "2026-11-28T00:54:10.103Z");
+        let micros = rfc3339_micros(UNIX_EPOCH + Duration::from_micros(1_795_827_250_103_412));
+        assert_eq!(micros, "2026-11-28T00:54:10.103412Z");
     }
 }
