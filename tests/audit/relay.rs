@@ -51,3 +51,39 @@ async fn a_relay_stream_is_recorded_with_its_route_and_harness_key() {
     assert_eq!(write["who"], *who);
     assert_eq!(write["details"]["path"], json!(path));
 }
+
+/// The rendezvous records every refusal with the status and reason the caller was given,
+/// and the tenant when its token was known; never the token.
+#[tokio::test]
+async fn rendezvous_refusals_are_recorded_without_their_tokens() {
+    let audit = AuditFile::new();
+    let rdv = start_rendezvous_with(None, &format!("\n{}", audit.config("batch", ""))).await;
+    let base = rdv.direct.clone();
+    let wrong = "Authorization: Bearer a-wrong-rendezvous-token\r\n";
+    let (status, _) = crate::util::http_body(&base, "/metrics", wrong).await;
+    assert_eq!(status, 401);
+    // A known harness token asking for an environment nobody registered: 404.
+    let refused =
+        exec_server_relay_core::harness::connect_relay(harness_args(&rdv.url, "env-nobody")).await;
+    assert!(refused.is_err());
+    let events = audit
+        .wait_for("the 404", |e| {
+            e["details"]["reason"] == "environment_not_found"
+        })
+        .await;
+    let refusals: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "rendezvous.refused")
+        .collect();
+    assert_eq!(refusals[0]["details"]["status"], 401, "{refusals:#?}");
+    assert_eq!(refusals[0]["who"]["transport"], "rendezvous");
+    let missing = refusals
+        .iter()
+        .find(|e| e["details"]["reason"] == "environment_not_found")
+        .unwrap();
+    assert_eq!(missing["details"]["status"], 404);
+    assert_eq!(missing["details"]["environment"], "env-nobody");
+    assert!(missing["outcome"]["message"].as_str().is_some());
+    let text = audit.text();
+    assert!(!text.contains("a-wrong-rendezvous-token") && !text.contains(HARNESS_TOKEN));
+}

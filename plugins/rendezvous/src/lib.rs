@@ -23,6 +23,7 @@
 //! * `tls` — in-process TLS from the PEM files of `rendezvous.tls_cert_file` and
 //!   `rendezvous.tls_key_file`.
 
+mod audit;
 mod capacity;
 pub mod config;
 #[doc(hidden)]

@@ -328,6 +328,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartupError> {
     let mut config = RendezvousConfig::load(source)?;
+    crate::audit::open(source).map_err(StartupError)?;
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
@@ -345,6 +346,7 @@ pub async fn run(
     }
     shutdown.await;
     running.stop().await;
+    crate::audit::flush().await;
     Ok(())
 }
 
@@ -437,6 +439,13 @@ async fn metrics(State(service): State<Arc<Service>>, headers: HeaderMap) -> Res
         None => false,
     };
     if !known {
+        crate::audit::refused(crate::audit::Refused {
+            status: 401,
+            reason: "unauthorized",
+            message: "/metrics needs a configured bearer token",
+            environment: "",
+            tenant: None,
+        });
         return StatusCode::UNAUTHORIZED.into_response();
     }
     (
@@ -479,6 +488,24 @@ fn error_json(code: &str, message: &str) -> Value {
 /// A refused registry call: logged with its reason (never a token, key or authorisation)
 /// and answered with the JSON error body that names it.
 fn error(environment: &str, status: StatusCode, code: &str, message: &str) -> Response {
+    error_for(None, environment, status, code, message)
+}
+
+/// [`error`] for a caller whose token was known: the audit event names its tenant.
+fn error_for(
+    tenant: Option<&str>,
+    environment: &str,
+    status: StatusCode,
+    code: &str,
+    message: &str,
+) -> Response {
+    crate::audit::refused(crate::audit::Refused {
+        status: status.as_u16(),
+        reason: code,
+        message,
+        environment,
+        tenant,
+    });
     tracing::warn!(
         status = status.as_u16(),
         reason = code,
@@ -516,6 +543,13 @@ fn refusal_response(refusal: &Refusal) -> Response {
 
 /// `caller` is the tenant that made the request, when its token has been checked.
 fn refusal_log(refusal: &Refusal, caller: Option<&str>, environment: &str) {
+    crate::audit::refused(crate::audit::Refused {
+        status: refusal.status().as_u16(),
+        reason: refusal.code(),
+        message: &refusal.to_string(),
+        environment,
+        tenant: refusal.tenant().or(caller),
+    });
     tracing::warn!(
         reason = refusal.code(),
         limit = refusal.config_key(),
@@ -579,7 +613,8 @@ impl Service {
         let role_ok = entry.role == TokenRole::Any || entry.role == needs;
         if !role_ok || !environment_matches(&entry.environments, id) {
             tracing::info!(token = %entry.name, "token not allowed for this call");
-            return Err(error(
+            return Err(error_for(
+                Some(&entry.name),
                 id,
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -1092,6 +1127,13 @@ impl Service {
 /// `x-codex-rendezvous-rejection-reason` header (CODEX-0169 §4.3). A 4xx makes a codex
 /// executor register again at once.
 fn upgrade_refused(environment: &str, status: StatusCode, reason: &'static str) -> Response {
+    crate::audit::refused(crate::audit::Refused {
+        status: status.as_u16(),
+        reason,
+        message: "rendezvous socket upgrade refused",
+        environment,
+        tenant: None,
+    });
     tracing::warn!(
         status = status.as_u16(),
         reason,

@@ -88,6 +88,23 @@ impl AuditScope {
             .record_now(&self.event(kind, level, details(level)));
     }
 
+    /// Like [`AuditScope::emit`], for an event with an outcome (a refusal that is no
+    /// request's: an upgrade, a rendezvous call).
+    pub fn emit_outcome(
+        &self,
+        kind: &'static str,
+        outcome: Outcome,
+        details: impl FnOnce(Level) -> Map<String, Value>,
+    ) {
+        let level = self.level(kind);
+        if level == Level::None {
+            return;
+        }
+        let mut event = self.event(kind, level, details(level));
+        event.outcome = Some(outcome);
+        self.auditor.record_now(&event);
+    }
+
     /// Like [`AuditScope::emit`], waiting until `blocking` backends have written it.
     pub async fn emit_and_wait(
         &self,

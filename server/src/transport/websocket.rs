@@ -24,7 +24,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::{authenticate, authenticate_as, AuthFailure};
 use super::ws_upgrade::upgrade_request;
-use crate::audit::{AuditScope, Level, Outcome, Who};
+use crate::audit::{AuditScope, Outcome, Who};
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::descriptors::ConnectionCharge;
 use crate::outbound::OutboundDrain;
@@ -224,17 +224,11 @@ fn auth_refused(server: &ServerContext, peer: SocketAddr, target: &str, failure:
         ..Who::default()
     });
     let scope = AuditScope::connection(&server.audit, who, None);
-    let level = scope.level("auth.refused");
-    if level == Level::None {
-        return;
-    }
-    let mut event = scope.event("auth.refused", level, serde_json::Map::new());
-    event.details.insert(
-        "target".into(),
-        serde_json::Value::String(target.to_owned()),
-    );
-    event.outcome = Some(Outcome::refused(failure.text()));
-    server.audit.record_now(&event);
+    scope.emit_outcome("auth.refused", Outcome::refused(failure.text()), |_| {
+        let mut details = serde_json::Map::new();
+        details.insert("target".into(), target.into());
+        details
+    });
 }
 
 /// True for a message or frame above the configured limits.
