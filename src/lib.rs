@@ -258,6 +258,8 @@ fn without_nulls(value: serde_json::Value) -> serde_json::Value {
             .filter(|(_, v)| !v.is_null())
             .map(|(k, v)| (k, without_nulls(v)))
             .collect(),
+        // Tables in arrays (`[[audit.backends]]`) have unset keys too.
+        serde_json::Value::Array(items) => items.into_iter().map(without_nulls).collect(),
         other => other,
     }
 }

@@ -134,6 +134,7 @@ fn contexts(tree: &Tree, tmpdir: Option<&str>, cwd: &str) -> [PolicyContext; 2] 
         helper_executable: Ok(tree.path("bin/helper")),
         tmpdir: tmpdir.map(Into::into),
         secret_files: vec![tree.path("secret")],
+        secret_globs: Vec::new(),
     };
     let process = PolicyContext {
         target: PolicyTarget::Process {

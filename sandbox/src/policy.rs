@@ -36,6 +36,7 @@ mod resolve;
 mod shape;
 
 pub use check::AccessKind;
+pub(crate) use glob::escape as escape_glob;
 pub use glob::GlobPattern;
 pub use helper_json::Enforcement;
 pub use normalise::normalise;
@@ -135,6 +136,9 @@ pub struct PolicyContext {
     pub tmpdir: Option<OsString>,
     /// Files that must never be readable: loaded configuration and secret sources (§2.10).
     pub secret_files: Vec<PathBuf>,
+    /// Families of such files whose names are not all known in advance (an audit file and
+    /// the names its rotation gives it).
+    pub secret_globs: Vec<GlobPattern>,
 }
 
 impl PolicyContext {
@@ -158,6 +162,7 @@ impl PolicyContext {
                 .map_err(|e| format!("cannot resolve the helper executable: {e}")),
             tmpdir: std::env::var_os("TMPDIR"),
             secret_files: Vec::new(),
+            secret_globs: Vec::new(),
         }
     }
 

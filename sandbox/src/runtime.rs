@@ -35,12 +35,14 @@ pub struct SandboxRuntime {
     ignored_kinds: IgnoredKindLog,
     /// Files that hold the server's own secrets, denied to every sandbox (§2.10).
     secret_files: Vec<PathBuf>,
+    secret_globs: Vec<crate::policy::GlobPattern>,
 }
 
 /// Keys whose value names a file holding a secret (a token or a key). Every configuration
 /// key that names a file is here unless the file is public (`relay.ca_file`,
 /// `rendezvous.tls_cert_file`).
 const SECRET_FILE_KEYS: &[&str] = &[
+    "relay.forward_bearer_token_file",
     "relay.token_file",
     "rendezvous.signing_key_file",
     "rendezvous.tls_key_file",
@@ -61,7 +63,40 @@ fn secret_files(source: &ConfigSource) -> Vec<PathBuf> {
         .map(Path::to_path_buf)
         .into_iter()
         .chain(named)
+        .chain(audit_token_files(source))
         .map(|path| std::fs::canonicalize(&path).unwrap_or(path))
+        .collect()
+}
+
+/// The audit trail's backends, as configured (a table that does not decode stops the
+/// server elsewhere, with the reason).
+fn audit_backends(source: &ConfigSource) -> Vec<exec_server_core::audit::BackendConfig> {
+    source
+        .section::<exec_server_core::audit::AuditConfig>("audit")
+        .map(|audit| audit.backends)
+        .unwrap_or_default()
+}
+
+/// Each audit backend's token file.
+fn audit_token_files(source: &ConfigSource) -> Vec<PathBuf> {
+    audit_backends(source)
+        .into_iter()
+        .filter_map(|backend| backend.token_file)
+        .collect()
+}
+
+/// Each audit file with every name its rotation gives it (`<name>*` in its directory):
+/// the trail holds every session's commands and paths.
+fn audit_file_globs(source: &ConfigSource) -> Vec<crate::policy::GlobPattern> {
+    audit_backends(source)
+        .into_iter()
+        .filter_map(|backend| {
+            let path = backend.path?;
+            let path = std::fs::canonicalize(&path).unwrap_or(path);
+            let directory = path.parent()?.to_path_buf();
+            let name = crate::policy::escape_glob(&path.file_name()?.to_string_lossy());
+            crate::policy::GlobPattern::with_prefix(directory, &format!("{name}*")).ok()
+        })
         .collect()
 }
 
@@ -109,6 +144,7 @@ impl SandboxRuntime {
     ) -> Result<Self, ConfigError> {
         let mut runtime = Self::new(SandboxConfig::from_source(source)?, max_message_bytes);
         runtime.secret_files = secret_files(source);
+        runtime.secret_globs = audit_file_globs(source);
         Ok(runtime)
     }
 
@@ -133,6 +169,7 @@ impl SandboxRuntime {
             ),
             ignored_kinds: IgnoredKindLog::default(),
             secret_files: Vec::new(),
+            secret_globs: Vec::new(),
             config,
         };
         let configured = runtime.config.helper_executable.clone();
@@ -234,6 +271,7 @@ impl SandboxRuntime {
             helper_executable: self.resolved.clone(),
             tmpdir: std::env::var_os("TMPDIR"),
             secret_files: self.secret_files.clone(),
+            secret_globs: self.secret_globs.clone(),
         }
     }
 

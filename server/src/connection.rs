@@ -295,7 +295,7 @@ impl Processor {
             return self.reply(&id, result).await;
         }
         if method == SESSION_CLOSE {
-            let result = self.close_session();
+            let result = self.close_session_recorded(&id).await;
             return self.reply(&id, result).await;
         }
         let Some(route) = self.server.router.get(&method) else {
@@ -323,6 +323,7 @@ impl Processor {
             Ok(ready) => ready,
             Err(error) => {
                 metrics.record(false);
+                self.audit_refused(&method, &id, &route.audit, &params, &error);
                 return self.reply(&id, Err(error)).await;
             }
         };
@@ -331,7 +332,7 @@ impl Processor {
             &self.server.audit,
             RequestOrigin {
                 who: &self.info.who,
-                session: session.id(),
+                session: Some(session.id()),
                 method: &method,
                 id: &id,
                 traceparent: traceparent.as_deref(),
@@ -508,6 +509,61 @@ impl Processor {
         self.session = None;
         self.closed_by_client = true;
         encode_value(&serde_json::json!({}))
+    }
+
+    /// Records a request refused before it reached its handler (not initialized, disabled,
+    /// resumed elsewhere), with the refusal the client is given.
+    fn audit_refused(
+        &self,
+        method: &str,
+        id: &RequestId,
+        audit: &crate::audit::MethodAudit,
+        params: &Value,
+        error: &RpcError,
+    ) {
+        let session = self.session.as_ref().map(|(session, _)| session.id());
+        let origin = RequestOrigin {
+            who: &self.info.who,
+            session,
+            method,
+            id,
+            traceparent: None,
+        };
+        if let Some(audit) = RequestAudit::begin(&self.server.audit, origin, audit, params) {
+            audit.refused(Outcome::error(error));
+        }
+    }
+
+    /// `session/close`, which kills the session's processes: in `blocking` mode it waits
+    /// for its `received` event, and is refused when the trail cannot record it.
+    async fn close_session_recorded(&mut self, id: &RequestId) -> Result<Box<RawValue>, RpcError> {
+        let session = self
+            .session
+            .as_ref()
+            .map(|(session, _)| Arc::clone(session));
+        let audit = session.as_ref().and_then(|session| {
+            let origin = RequestOrigin {
+                who: &self.info.who,
+                session: Some(session.id()),
+                method: SESSION_CLOSE,
+                id,
+                traceparent: None,
+            };
+            let declared = crate::audit::MethodAudit::default();
+            RequestAudit::begin(&self.server.audit, origin, &declared, &Value::Null)
+        });
+        if let Some(audit) = audit.as_ref().filter(|a| a.waits_before_running()) {
+            if let Err(unwritten) = audit.received().await {
+                let refusal = unwritten.refusal(SESSION_CLOSE);
+                audit.refused(Outcome::error(&refusal));
+                return Err(refusal);
+            }
+        }
+        let result = self.close_session();
+        if let Some(audit) = audit {
+            audit.completed(Outcome::of(&result)).await;
+        }
+        result
     }
 
     /// Records a session event of this connection (`session.opened`, …).

@@ -310,3 +310,142 @@ async fn a_server_whose_trail_cannot_be_written_does_not_start() {
         assert!(stderr.contains(expected), "{toml}: {stderr}");
     }
 }
+
+/// An audit file moved away or removed by someone else: the next events go to a new file
+/// at the configured path, and the rotated files are left as they were.
+#[tokio::test]
+async fn a_removed_audit_file_is_created_again_and_history_is_kept() {
+    let audit = AuditFile::new();
+    let extra = "max_file_bytes = 4096\nmax_files = 3\nfsync = \"never\"\n";
+    let config = config_file(&(audit.config("batch", "") + extra));
+    let server = WsServer::start(&["--config", config.to_str().unwrap()]).await;
+    let mut client = server.connect_initialized().await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |n: usize| json!({"path": dir.path().join(format!("f{n}")), "dataBase64": ""});
+    for n in 0..40 {
+        client.call("fs/writeFile", write(n)).await;
+    }
+    let rotated = |k: u32| {
+        let mut name = audit.path.clone().into_os_string();
+        name.push(format!(".{k}"));
+        std::path::PathBuf::from(name)
+    };
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    while !rotated(3).exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the file never rotated three times"
+        );
+        client.call("fs/writeFile", write(0)).await;
+    }
+    let kept: Vec<String> = (1..=3)
+        .map(|k| std::fs::read_to_string(rotated(k)).unwrap())
+        .collect();
+    std::fs::remove_file(&audit.path).unwrap();
+    client.call("fs/writeFile", write(99)).await;
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    while !std::fs::read_to_string(&audit.path).is_ok_and(|t| t.contains("f99")) {
+        assert!(tokio::time::Instant::now() < deadline, "no new audit file");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for k in 1..=3 {
+        let now = std::fs::read_to_string(rotated(k)).unwrap();
+        assert_eq!(now, kept[k as usize - 1], "rotated file {k} changed");
+    }
+}
+
+/// Refused upgrades are an unauthenticated peer's to cause: a flood of them is recorded
+/// at a bounded rate, and the rest are counted, not written.
+#[tokio::test]
+async fn a_flood_of_refused_upgrades_is_recorded_at_a_bounded_rate() {
+    let audit = AuditFile::new();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = secret_file(&dir, "token", "flood-test-token");
+    let config = config_file(&audit.config("batch", ""));
+    let server = WsServer::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--ws-auth",
+        "capability-token",
+        "--ws-token-file",
+        &token_file,
+    ])
+    .await;
+    for _ in 0..200 {
+        let (status, _) = http_body(
+            &server.http_base(),
+            "/metrics",
+            "Authorization: Bearer nope\r\n",
+        )
+        .await;
+        assert_eq!(status, 401);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let recorded = audit
+        .events()
+        .iter()
+        .filter(|e| e["kind"] == "auth.refused")
+        .count();
+    assert!((1..=40).contains(&recorded), "{recorded} refusals recorded");
+    let (_, metrics) = http_body(
+        &server.http_base(),
+        "/metrics",
+        "Authorization: Bearer flood-test-token\r\n",
+    )
+    .await;
+    let suppressed = metric(
+        &metrics,
+        "exec_server_audit_events_suppressed_total{kind=\"auth.refused\"}",
+    );
+    assert_eq!(suppressed as usize + recorded, 200, "{metrics}");
+}
+
+/// The trail is denied to every sandbox: it holds every session's commands and paths,
+/// and the rotated files and the webhook's token file with it.
+#[tokio::test]
+async fn sandboxes_cannot_read_the_trail_or_its_token() {
+    if !crate::sandbox::landlock_available() {
+        return;
+    }
+    let audit = AuditFile::new();
+    let token_file = secret_file(&audit.dir, "collector-token", "collector-token-secret");
+    let extra = format!(
+        "[[audit.backends]]\ntype = \"webhook\"\nurl = \"http://127.0.0.1:9/x\"\ntoken_file = {token_file:?}\nretries = 0\n"
+    );
+    let config = config_file(&(audit.config("batch", "") + &extra));
+    let mut client = Client::stdio(&["--config", config.to_str().unwrap()]).await;
+    client.handshake().await;
+    let mut rotated = audit.path.clone().into_os_string();
+    rotated.push(".1");
+    std::fs::write(&rotated, "an older event\n").unwrap();
+    let policy = crate::sandbox::managed(vec![crate::sandbox::root_read()]);
+    for path in [audit.path.clone(), rotated.into(), token_file.into()] {
+        let error = client
+            .call_err("fs/readFile", json!({"path": path, "sandbox": policy}))
+            .await;
+        assert_eq!(error["data"]["sandboxDenied"], true, "{path:?}: {error}");
+    }
+}
+
+/// `exec-server config` prints the backends, a webhook URL without its credentials: the
+/// form `config.loaded` hashes.
+#[tokio::test]
+async fn the_printed_configuration_names_backends_without_credentials() {
+    let toml = "[audit]\nenabled = true\n[[audit.backends]]\ntype = \"webhook\"\nurl = \"https://u:pw-LEAK@h.example/x?token=QUERY-LEAK\"\n";
+    let config = config_file(toml);
+    let output = server_command(&["config", "--config", config.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        printed.contains("url = \"https://h.example/x\""),
+        "{printed}"
+    );
+    assert!(!printed.contains("LEAK"), "{printed}");
+}

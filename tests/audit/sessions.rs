@@ -278,3 +278,67 @@ async fn jwt_subjects_are_recorded_and_tokens_never() {
     assert_eq!(closed["who"]["transport"], "stdio");
     assert_eq!(closed["details"]["reason"], "its connection ended");
 }
+
+/// What an attacker tried to get into the trail, found in review: values of variables an
+/// `envPolicy` sets, credentials in a URL quoted by a failed `http/request`, a value a
+/// decoder quotes when it refuses it, and megabyte-long paths that would rotate the
+/// history away. None reaches the trail; long values become their length and hash.
+#[tokio::test]
+async fn values_a_client_sends_reach_the_trail_bounded_and_without_secrets() {
+    let audit = AuditFile::new();
+    let config = config_file(&audit.config("batch", "levels = { request = \"request\" }"));
+    let mut client = Client::stdio(&["--config", config.to_str().unwrap()]).await;
+    let session = client.handshake().await;
+    let start = json!({"processId": "p", "argv": ["/bin/true"], "cwd": "/", "tty": false,
+        "env": {"PATH": "/usr/bin:/bin"},
+        "envPolicy": {"inherit": "none", "ignoreDefaultExcludes": false, "exclude": [],
+            "set": {"API_KEY": "sk-SET-VALUE-LEAK"}, "includeOnly": []}});
+    client.call("process/start", start).await;
+    client.notification("process/exited").await;
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("http://alice:pw-LEAK@127.0.0.1:{port}/p?token=QUERY-LEAK#frag");
+    let _ = client
+        .request(
+            "http/request",
+            json!({"method": "GET", "url": url, "requestId": "r1"}),
+        )
+        .await;
+    let bad = json!({"processId": "q", "argv": ["/bin/true"], "cwd": "/", "tty": false,
+        "env": {"PIN": 98765432}});
+    client.call_err("process/start", bad).await;
+    let long = format!("/tmp/{}", "A".repeat(300_000));
+    client
+        .call_err("fs/createDirectory", json!({"path": long}))
+        .await;
+    client.close().await;
+    let events = audit
+        .wait_for("session.closed", |e| e["kind"] == "session.closed")
+        .await;
+    let text = audit.text();
+    for secret in ["sk-SET-VALUE-LEAK", "pw-LEAK", "QUERY-LEAK", "98765432"] {
+        assert!(!text.contains(secret), "{secret} reached the trail");
+    }
+    let mine = of_session(&events, &session);
+    let started = mine
+        .iter()
+        .find(|e| shape(e) == "request process/start completed")
+        .unwrap();
+    assert_eq!(
+        started["details"]["envPolicy"]["setNames"],
+        json!(["API_KEY"])
+    );
+    let http = mine
+        .iter()
+        .find(|e| shape(e) == "request http/request completed")
+        .unwrap();
+    assert_eq!(http["details"]["url"], format!("http://127.0.0.1:{port}/p"));
+    let created = mine
+        .iter()
+        .find(|e| shape(e) == "request fs/createDirectory completed")
+        .unwrap();
+    assert_eq!(created["details"]["path"]["truncatedBytes"], long.len());
+    assert!(created.to_string().len() < 16 * 1024);
+}

@@ -41,6 +41,9 @@ fn open(config: &BackendConfig, source: &ConfigSource) -> Result<Box<dyn AuditWr
     let relay: RelayTrust = source.section("relay").unwrap_or_default();
     let ca_file = config.ca_file.clone().or(relay.ca_file);
     let trust = TlsTrust::with_ca_file(ca_file.as_deref()).map_err(|e| format!("ca_file: {e}"))?;
+    if config.token_file.is_some() && url.scheme() == "http" {
+        tracing::warn!("audit webhook: the bearer token of token_file travels in clear over http://; use https://");
+    }
     let token = match &config.token_file {
         Some(path) => Some(read_token_file(path).map_err(|e| e.describe(path))?),
         None => None,

@@ -1,8 +1,8 @@
 //! What the audit trail records of each `process/*` method (docs/AUDIT.md). A start names
 //! the process and its working directory at `metadata`; at `request` also its argv, the
-//! names of the variables it was given (never their values), its terminal and the sandbox
-//! it asked for. The handler adds the pid, the isolation obtained and the policy applied;
-//! the pump records the exit (`process.exited`).
+//! names of the variables it was given or `envPolicy` sets (never their values), its
+//! terminal and the sandbox it asked for. The handler adds the pid, the isolation obtained
+//! and the policy applied; the pump records the exit (`process.exited`).
 
 use exec_server_core::audit::describe::{base64_bytes, describe};
 use exec_server_core::audit::{Described, Level, MethodAudit};
@@ -47,6 +47,9 @@ fn start(params: &Value, level: Level) -> Described {
             .unwrap_or_default();
         let details = &mut described.details;
         details.insert("envNames".into(), Value::Array(names));
+        if let Some(policy) = params.get("envPolicy").filter(|v| !v.is_null()) {
+            details.insert("envPolicy".into(), env_policy(policy));
+        }
         // Proxy settings may carry credentials: only whether they were given.
         for member in ["networkProxy", "managedNetwork"] {
             if params.get(member).is_some_and(|v| !v.is_null()) {
@@ -55,6 +58,22 @@ fn start(params: &Value, level: Level) -> Described {
         }
     }
     described
+}
+
+/// An `envPolicy` without the values of its `set` map: the names it sets, and its other
+/// members (lists of names and patterns).
+fn env_policy(policy: &Value) -> Value {
+    let mut kept = serde_json::Map::new();
+    for member in ["inherit", "ignoreDefaultExcludes", "exclude", "includeOnly"] {
+        if let Some(value) = policy.get(member) {
+            kept.insert(member.into(), value.clone());
+        }
+    }
+    if let Some(set) = policy.get("set").and_then(Value::as_object) {
+        let names = set.keys().map(|name| Value::String(name.clone())).collect();
+        kept.insert("setNames".into(), Value::Array(names));
+    }
+    Value::Object(kept)
 }
 
 fn write(params: &Value, level: Level) -> Described {
@@ -77,4 +96,26 @@ fn resize(params: &Value, level: Level) -> Described {
 
 fn by_id(params: &Value, level: Level) -> Described {
     describe(params, level, &["processId"], &[], &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Found attacking the audit trail: `envPolicy.set` was recorded with its values.
+    #[test]
+    fn variable_values_are_never_recorded() {
+        let params = json!({"processId": "p", "argv": ["x"], "cwd": "/",
+            "env": {"API_KEY": "sk-env-value"},
+            "envPolicy": {"inherit": "none", "ignoreDefaultExcludes": false, "exclude": ["A*"],
+                "set": {"TOKEN": "sk-set-value"}, "includeOnly": []},
+            "networkProxy": {"url": "http://u:pw@proxy"}});
+        let text = Value::Object(start(&params, Level::Request).details).to_string();
+        assert!(!text.contains("sk-") && !text.contains("pw@"), "{text}");
+        assert!(
+            text.contains(r#""setNames":["TOKEN"]"#) && text.contains("API_KEY"),
+            "{text}"
+        );
+    }
 }

@@ -234,9 +234,6 @@ impl Pump {
             let mut details = serde_json::Map::new();
             details.insert("processId".into(), self.process.id.clone().into());
             details.insert("exitCode".into(), code.into());
-            if code > 128 {
-                details.insert("signal".into(), (code - 128).into());
-            }
             let duration = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
             details.insert("durationMs".into(), duration.into());
             details.insert("bytesOut".into(), self.bytes_out.into());

@@ -6,6 +6,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use exec_server_core::audit::sampler::Sampler;
 use exec_server_core::audit::{AuditConfig, AuditScope, Auditor, AuthIdentity, Outcome, Who};
 use exec_server_core::config::ConfigSource;
 
@@ -38,9 +39,14 @@ pub(crate) struct Refused<'a> {
     pub(crate) tenant: Option<&'a str>,
 }
 
-/// Records `rendezvous.refused`.
+/// Records `rendezvous.refused`, at most `RECORDED_PER_SECOND` a second (the rest are
+/// counted, and the count goes with the next one recorded).
 pub(crate) fn refused(refused: Refused<'_>) {
+    static SAMPLER: Sampler = Sampler::new("rendezvous.refused");
     let Some(auditor) = TRAIL.get() else { return };
+    let Some(suppressed) = SAMPLER.admit() else {
+        return;
+    };
     let who = Arc::new(Who {
         transport: "rendezvous",
         auth: refused.tenant.map(|tenant| AuthIdentity {
@@ -61,6 +67,9 @@ pub(crate) fn refused(refused: Refused<'_>) {
             details.insert("status".into(), refused.status.into());
             details.insert("reason".into(), refused.reason.into());
             details.insert("environment".into(), environment.into());
+            if suppressed > 0 {
+                details.insert("suppressed".into(), suppressed.into());
+            }
             details
         },
     );

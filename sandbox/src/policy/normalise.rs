@@ -157,6 +157,7 @@ fn add_server_additions(policy: &mut SandboxPolicy, ctx: &PolicyContext) -> Resu
     policy
         .denied_paths
         .extend(ctx.secret_files.iter().map(|p| canonicalise(p)));
+    policy.denied_globs.extend(ctx.secret_globs.iter().cloned());
     Ok(())
 }
 

@@ -19,6 +19,7 @@ fn fs_ctx() -> PolicyContext {
         helper_executable: Ok(PathBuf::from(HELPER)),
         tmpdir: None,
         secret_files: Vec::new(),
+        secret_globs: Vec::new(),
     }
 }
 

@@ -134,7 +134,7 @@ impl Auditor {
 
     /// Records `event` (whose level the caller has checked). Waits, for every `blocking`
     /// backend, until it is written; `Err` names a blocking backend that did not write it.
-    pub async fn record(&self, event: &Event) -> Result<(), Unwritten> {
+    pub async fn record(&self, event: Event) -> Result<(), Unwritten> {
         let waits = self.queue(event);
         let mut failed = None;
         for (name, pending) in waits {
@@ -154,7 +154,7 @@ impl Auditor {
 
     /// Records `event` without waiting for any backend (events with no request to hold:
     /// a process's exit, a session's expiry). A `blocking` backend still writes it.
-    pub fn record_now(&self, event: &Event) {
+    pub fn record_now(&self, event: Event) {
         let waits = self.queue(event);
         if waits.is_empty() {
             return;
@@ -172,10 +172,11 @@ impl Auditor {
 
     /// Numbers `event` and queues it on every backend; returns what blocking backends
     /// give to wait on.
-    fn queue(&self, event: &Event) -> Vec<(String, Option<Pending>)> {
+    fn queue(&self, mut event: Event) -> Vec<(String, Option<Pending>)> {
         let Some(active) = &self.active else {
             return Vec::new();
         };
+        super::bound::bound_details(&mut event.details);
         let _order = active.order.lock().unwrap_or_else(|p| p.into_inner());
         let seq = active.seq.fetch_add(1, Ordering::Relaxed);
         let line: Arc<str> = Arc::from(event.encode(seq));
@@ -211,7 +212,7 @@ impl Auditor {
             details.insert("configFile".into(), super::event::path_value(file));
         }
         details.insert("version".into(), env!("CARGO_PKG_VERSION").into());
-        self.record_now(&Event::new(
+        self.record_now(Event::new(
             "config.loaded",
             level,
             Arc::new(Who::server()),

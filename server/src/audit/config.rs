@@ -102,7 +102,9 @@ pub struct BackendConfig {
     pub fsync: Fsync,
     /// `file` with `fsync = "interval"`.
     pub fsync_interval_ms: u64,
-    /// `webhook`: the `http://` or `https://` URL batches are posted to.
+    /// `webhook`: the `http://` or `https://` URL batches are posted to. Printed (and
+    /// hashed into `config.loaded`) without user information, query and fragment.
+    #[serde(serialize_with = "serialize_url")]
     pub url: Option<String>,
     /// `webhook`: a file holding a bearer token sent as `Authorization` (owner-only).
     pub token_file: Option<PathBuf>,
@@ -136,5 +138,13 @@ impl Default for BackendConfig {
             request_timeout_ms: 10_000,
             flush_interval_ms: 1_000,
         }
+    }
+}
+
+/// A URL as the configuration is printed: without the credentials it may carry.
+fn serialize_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(url) => s.serialize_some(&super::bound::without_url_credentials(url)),
+        None => s.serialize_none(),
     }
 }

@@ -112,21 +112,25 @@ impl Outcome {
         }
     }
 
+    /// The outcome of a request answered with `error`. The message is what the client was
+    /// given, bounded ([`super::bound::message`]): a decoder's quote of a refused value is
+    /// left out.
     pub fn error(error: &RpcError) -> Self {
+        let invalid_params = error.code == RpcError::invalid_params("").code;
         Self {
             status: "error",
             code: Some(error.code),
-            message: Some(error.message.clone()),
+            message: Some(super::bound::message(&error.message, invalid_params)),
             sandbox_denied: error.is_sandbox_denied(),
         }
     }
 
     /// A refusal that is not a JSON-RPC error (an HTTP status, a closed stream).
-    pub fn refused(message: impl Into<String>) -> Self {
+    pub fn refused(message: &str) -> Self {
         Self {
             status: "error",
             code: None,
-            message: Some(message.into()),
+            message: Some(super::bound::message(message, false)),
             sandbox_denied: false,
         }
     }

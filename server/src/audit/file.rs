@@ -65,16 +65,21 @@ impl AuditFile {
         })
     }
 
-    /// Appends `lines`, rotating first when they would take the file past its size.
+    /// Appends `lines`, rotating first when they would take the file past its size. A
+    /// rotation that fails is logged and the lines go to the current file: history is
+    /// never given up for it.
     fn write(&mut self, lines: &[Arc<str>]) -> Result<(), String> {
         let mut buffer = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
         for line in lines {
             buffer.extend_from_slice(line.as_bytes());
             buffer.push(b'\n');
         }
+        self.reopen_if_moved()?;
         let grown = self.size.saturating_add(buffer.len() as u64);
         if self.size > 0 && grown > self.max_bytes {
-            self.rotate()?;
+            if let Err(e) = self.rotate() {
+                tracing::warn!(error = %e, "audit file rotation failed; writing on in the current file");
+            }
         }
         if let Err(e) = self.file.write_all(&buffer) {
             // A batch is retried whole: take back the part that was written, so no line
@@ -102,28 +107,50 @@ impl AuditFile {
         Ok(())
     }
 
-    /// `path` → `path.1` → … → `path.<max_files>` (dropped), then a new `path`.
+    /// `path` → `path.1` → … → `path.<max_files>` (dropped), then a new `path`. The
+    /// current file is first moved aside under a name of its own, so a rotation that
+    /// cannot start moves nothing; each rotated file moves up once per rotation.
     fn rotate(&mut self) -> Result<(), String> {
         if self.fsync != Fsync::Never {
             self.sync()?;
         }
-        let numbered = |n: u32| {
+        let named = |suffix: &str| {
             let mut name = self.path.clone().into_os_string();
-            name.push(format!(".{n}"));
+            name.push(suffix);
             PathBuf::from(name)
         };
+        let aside = named(".rotating");
+        std::fs::rename(&self.path, &aside)
+            .map_err(|e| format!("cannot rotate {}: {e}", self.path.display()))?;
         if self.max_files == 0 {
-            std::fs::remove_file(&self.path)
-                .map_err(|e| format!("cannot remove {}: {e}", self.path.display()))?;
+            let _ = std::fs::remove_file(&aside);
         } else {
             for n in (1..self.max_files).rev() {
-                let _ = std::fs::rename(numbered(n), numbered(n + 1));
+                let _ = std::fs::rename(named(&format!(".{n}")), named(&format!(".{}", n + 1)));
             }
-            std::fs::rename(&self.path, numbered(1))
+            std::fs::rename(&aside, named(".1"))
                 .map_err(|e| format!("cannot rotate {}: {e}", self.path.display()))?;
         }
         self.file = create_new(&self.path)?;
         self.size = 0;
+        Ok(())
+    }
+
+    /// Opens `path` again when the file there is not the one this writer holds (moved or
+    /// removed by someone else, or a rotation that could not create the new file), so
+    /// events never go to a file nobody can find.
+    fn reopen_if_moved(&mut self) -> Result<(), String> {
+        let held = self
+            .file
+            .metadata()
+            .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
+        let current = std::fs::symlink_metadata(&self.path).ok();
+        let same = current.is_some_and(|m| m.dev() == held.dev() && m.ino() == held.ino());
+        if !same {
+            tracing::warn!(path = %self.path.display(), "the audit file was moved or removed; opening it again");
+            self.file = open_append(&self.path)?;
+            self.size = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        }
         Ok(())
     }
 }
@@ -147,12 +174,40 @@ fn open_append(path: &Path) -> Result<File, String> {
     if metadata.uid() != rustix::process::geteuid().as_raw() {
         return Err(format!("{} belongs to another user", path.display()));
     }
+    if metadata.nlink() != 1 {
+        return Err(format!(
+            "{} has other names (hard links): it may be another file",
+            path.display()
+        ));
+    }
+    check_directory(path)?;
     if metadata.mode() & 0o077 != 0 {
         tracing::warn!(path = %path.display(), "the audit file was readable by others: narrowed to 0600");
         file.set_permissions(std::fs::Permissions::from_mode(MODE))
             .map_err(|e| format!("cannot narrow {}: {e}", path.display()))?;
     }
     Ok(file)
+}
+
+/// The directory of `path` must not let other users create or replace names in it (a
+/// planted `<path>.1` or `<path>.rotating` would break rotation or take its place).
+fn check_directory(path: &Path) -> Result<(), String> {
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let metadata = std::fs::metadata(directory)
+        .map_err(|e| format!("cannot read {}: {e}", directory.display()))?;
+    let euid = rustix::process::geteuid().as_raw();
+    let others_write = metadata.mode() & 0o022 != 0;
+    if others_write || (metadata.uid() != euid && metadata.uid() != 0) {
+        return Err(format!(
+            "{} may be written by other users (mode {:04o}): keep the audit trail in a directory only this user (or root) owns and writes, e.g. /var/log/exec-server",
+            directory.display(),
+            metadata.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 /// Creates a new `path`, owner-only from its first instant; an existing name is an error.

@@ -15,6 +15,7 @@
 
 pub mod auditor;
 pub mod backend;
+mod bound;
 pub mod config;
 pub mod describe;
 pub mod event;
@@ -22,6 +23,7 @@ mod file;
 pub mod policy;
 mod queue;
 pub(crate) mod request;
+pub mod sampler;
 
 use std::sync::Arc;
 
@@ -85,7 +87,7 @@ impl AuditScope {
             return;
         }
         self.auditor
-            .record_now(&self.event(kind, level, details(level)));
+            .record_now(self.event(kind, level, details(level)));
     }
 
     /// Like [`AuditScope::emit`], for an event with an outcome (a refusal that is no
@@ -102,7 +104,7 @@ impl AuditScope {
         }
         let mut event = self.event(kind, level, details(level));
         event.outcome = Some(outcome);
-        self.auditor.record_now(&event);
+        self.auditor.record_now(event);
     }
 
     /// Like [`AuditScope::emit`], waiting until `blocking` backends have written it.
@@ -116,7 +118,7 @@ impl AuditScope {
             return Ok(());
         }
         self.auditor
-            .record(&self.event(kind, level, details(level)))
+            .record(self.event(kind, level, details(level)))
             .await
     }
 

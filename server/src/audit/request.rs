@@ -20,7 +20,8 @@ pub(crate) struct RequestAudit {
 /// Who made a request, and which.
 pub(crate) struct RequestOrigin<'a> {
     pub(crate) who: &'a Arc<Who>,
-    pub(crate) session: &'a str,
+    /// `None` for a request refused before the connection has a session.
+    pub(crate) session: Option<&'a str>,
     pub(crate) method: &'a str,
     pub(crate) id: &'a RequestId,
     pub(crate) traceparent: Option<&'a str>,
@@ -49,7 +50,7 @@ impl RequestAudit {
         let scope = AuditScope {
             auditor: Arc::clone(auditor),
             who: Arc::clone(origin.who),
-            session: Some(origin.session.to_owned()),
+            session: origin.session.map(str::to_owned),
             traceparent: origin.traceparent.map(str::to_owned),
             method: Some(origin.method.to_owned()),
             request_id: Some(origin.id.clone()),
@@ -80,7 +81,7 @@ impl RequestAudit {
             .scope
             .event("request", self.level, self.details.clone());
         event.stage = Some("received");
-        self.scope.auditor.record(&event).await
+        self.scope.auditor.record(event).await
     }
 
     /// Records the `completed` event of a request refused before it ran, without waiting.
@@ -90,7 +91,7 @@ impl RequestAudit {
             .event("request", self.level, self.details.clone());
         event.stage = Some("completed");
         event.outcome = Some(outcome);
-        self.scope.auditor.record_now(&event);
+        self.scope.auditor.record_now(event);
     }
 
     /// Writes the `completed` event with the outcome and the handler's notes.
@@ -103,7 +104,7 @@ impl RequestAudit {
         event.outcome = Some(outcome);
         // The answer follows its event in `blocking` mode; the work is done, so a backend
         // that failed only loses the event (counted there).
-        let _ = self.scope.auditor.record(&event).await;
+        let _ = self.scope.auditor.record(event).await;
     }
 }
 

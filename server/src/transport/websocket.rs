@@ -24,6 +24,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::{authenticate, authenticate_as, AuthFailure};
 use super::ws_upgrade::upgrade_request;
+use crate::audit::sampler::Sampler;
 use crate::audit::{AuditScope, Outcome, Who};
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::descriptors::ConnectionCharge;
@@ -123,6 +124,10 @@ async fn route(
     request: Request<axum::body::Body>,
 ) -> Response {
     if request.headers().contains_key(header::ORIGIN) {
+        static ORIGIN_REFUSALS: Sampler = Sampler::new("origin.refused");
+        let target = request.uri().path().to_owned();
+        let reason = "requests with an Origin header are refused";
+        refused(&server, peer, &ORIGIN_REFUSALS, &target, reason);
         return (
             StatusCode::FORBIDDEN,
             "requests with an Origin header are refused\n",
@@ -218,15 +223,39 @@ async fn upgrade(
 /// Records `auth.refused`: an upgrade or `/metrics` request whose credential failed, with
 /// the reason the peer was given (never the credential).
 fn auth_refused(server: &ServerContext, peer: SocketAddr, target: &str, failure: AuthFailure) {
+    static AUTH_REFUSALS: Sampler = Sampler::new("auth.refused");
+    refused(server, peer, &AUTH_REFUSALS, target, failure.text());
+}
+
+/// Records a refusal of an unauthenticated peer (the sampler's kind) with the text it
+/// was given; at most [`crate::audit::sampler::RECORDED_PER_SECOND`] a second, the rest
+/// counted.
+fn refused(
+    server: &ServerContext,
+    peer: SocketAddr,
+    sampler: &Sampler,
+    target: &str,
+    reason: &str,
+) {
+    if !server.audit.is_enabled() {
+        return;
+    }
+    let Some(suppressed) = sampler.admit() else {
+        return;
+    };
     let who = Arc::new(Who {
         transport: TRANSPORT,
         peer: Some(peer.to_string()),
         ..Who::default()
     });
     let scope = AuditScope::connection(&server.audit, who, None);
-    scope.emit_outcome("auth.refused", Outcome::refused(failure.text()), |_| {
+    scope.emit_outcome(sampler.kind(), Outcome::refused(reason), |_| {
         let mut details = serde_json::Map::new();
+        let target: String = target.chars().take(256).collect();
         details.insert("target".into(), target.into());
+        if suppressed > 0 {
+            details.insert("suppressed".into(), suppressed.into());
+        }
         details
     });
 }
