@@ -98,6 +98,14 @@ impl GlobPattern {
     /// resolved), followed by `rest` (relative, `/`-separated; may be empty). Names that
     /// are not UTF-8 can only be in the prefix; below it, names are compared lossily.
     pub fn with_prefix(prefix: PathBuf, rest: &str) -> Result<Self, String> {
+        // `.` means nothing and empty names are no names: the rest is kept without them,
+        // so a pattern reads back the same from its text.
+        let rest = rest
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect::<Vec<_>>()
+            .join("/");
+        let rest = rest.as_str();
         let display = escape(&prefix.to_string_lossy());
         let source = match rest.is_empty() {
             true => display,

@@ -125,3 +125,13 @@ fn a_prefix_that_is_not_utf8_matches_its_own_bytes_only() {
         (Path::new("/srv/repo"), "**/*.pem")
     );
 }
+
+/// Found by the `policy` fuzz target: `.` and empty names in the rest of a pattern made
+/// a pattern and the one read back from its helper JSON differ.
+#[test]
+fn dot_names_in_the_rest_are_dropped_so_patterns_read_back_equal() {
+    let built = GlobPattern::with_prefix(PathBuf::from("/t/missing"), "a**b/./.").unwrap();
+    assert_eq!(built.rest(), "a**b");
+    let read_back = GlobPattern::new(built.as_str()).unwrap();
+    assert_eq!(read_back, built);
+}
