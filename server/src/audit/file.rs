@@ -17,10 +17,14 @@ use async_trait::async_trait;
 use exec_server_config::ConfigSource;
 
 use super::backend::{AuditBackend, AuditWriter};
-use super::config::{BackendConfig, Fsync};
+use super::config::{BackendConfig, Fsync, Mode};
 
 /// Owner read and write, nothing for anyone else.
 const MODE: u32 = 0o600;
+
+/// In `batch` mode, how long the writer lets events gather before it writes them: one
+/// wake-up and one `write` per this much time on a busy server, instead of one per event.
+const BATCH_LINGER: Duration = Duration::from_millis(10);
 
 crate::inventory::submit! {
     AuditBackend { kind: "file", open }
@@ -29,7 +33,10 @@ crate::inventory::submit! {
 fn open(config: &BackendConfig, _: &ConfigSource) -> Result<Box<dyn AuditWriter>, String> {
     let path = config.path.clone().ok_or("needs `path`")?;
     let file = AuditFile::open(path, config)?;
-    Ok(Box::new(FileWriter { file: Some(file) }))
+    Ok(Box::new(FileWriter {
+        file: Some(file),
+        linger: (config.mode == Mode::Batch).then_some(BATCH_LINGER),
+    }))
 }
 
 /// The open file and its rotation state; moved to a blocking thread for each write.
@@ -224,6 +231,7 @@ fn create_new(path: &Path) -> Result<File, String> {
 struct FileWriter {
     /// `None` only while a write runs on a blocking thread.
     file: Option<AuditFile>,
+    linger: Option<Duration>,
 }
 
 impl FileWriter {
@@ -256,5 +264,9 @@ impl AuditWriter for FileWriter {
             _ => file.sync(),
         })
         .await
+    }
+
+    fn linger(&self) -> Option<Duration> {
+        self.linger
     }
 }

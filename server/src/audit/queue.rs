@@ -233,15 +233,12 @@ impl Worker {
             }
         };
         let Some(first) = first else { return false };
+        let flushing = first.line.is_none();
         batch.push(first);
-        if let Some(linger) = self.writer.linger() {
-            let deadline = tokio::time::Instant::now() + linger;
-            while batch.len() < self.max_batch {
-                match tokio::time::timeout_at(deadline, self.receiver.recv()).await {
-                    Ok(Some(item)) => batch.push(item),
-                    _ => break,
-                }
-            }
+        // Lingering asleep, not waiting on the queue: events queued meanwhile wake nobody,
+        // so a busy server pays one wake-up per linger, not one per event.
+        if let Some(linger) = self.writer.linger().filter(|_| !flushing) {
+            tokio::time::sleep(linger).await;
         }
         while batch.len() < self.max_batch {
             match self.receiver.try_recv() {
