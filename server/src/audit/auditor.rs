@@ -230,13 +230,6 @@ impl Auditor {
             }
         }
     }
-
-    /// True unless a backend's last write failed.
-    pub fn is_healthy(&self) -> bool {
-        self.active
-            .as_ref()
-            .is_none_or(|active| active.backends.iter().all(BackendQueue::is_healthy))
-    }
 }
 
 /// A `blocking` backend did not write an event.

@@ -1,7 +1,7 @@
 //! One backend's queue and the thread that writes it: batches, retries, and the two modes
 //! (`blocking`: the emitter waits for the write; `batch`: a full queue drops, counted).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,8 +70,6 @@ pub(crate) struct BackendQueue {
     sender: mpsc::Sender<Item>,
     timeout: Duration,
     counters: Counters,
-    /// `false` from a failed write until the next one succeeds.
-    healthy: Arc<AtomicBool>,
     /// Drops since the last warning, and when that was: one warning a second at most.
     drop_warning: Mutex<(u64, Option<Instant>)>,
 }
@@ -88,7 +86,6 @@ impl BackendQueue {
     ) -> Self {
         let (sender, receiver) = mpsc::channel(config.buffer_events);
         let counters = Counters::new(&name);
-        let healthy = Arc::new(AtomicBool::new(true));
         let worker = Worker {
             name: name.clone(),
             writer,
@@ -97,7 +94,6 @@ impl BackendQueue {
             retries: config.retries,
             backoff: Duration::from_millis(config.retry_backoff_ms),
             counters: counters.clone(),
-            healthy: Arc::clone(&healthy),
             lost_in_a_row: AtomicU64::new(0),
         };
         std::thread::Builder::new()
@@ -110,7 +106,6 @@ impl BackendQueue {
             sender,
             timeout: Duration::from_millis(config.write_timeout_ms),
             counters,
-            healthy,
             drop_warning: Mutex::new((0, None)),
         }
     }
@@ -167,11 +162,6 @@ impl BackendQueue {
             && matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)))
     }
 
-    /// True unless the last write failed.
-    pub(crate) fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
-    }
-
     fn dropped(&self, count: u64) {
         self.counters.dropped.add(count);
         let mut warning = self.drop_warning.lock().unwrap_or_else(|p| p.into_inner());
@@ -200,7 +190,6 @@ struct Worker {
     retries: u32,
     backoff: Duration,
     counters: Counters,
-    healthy: Arc<AtomicBool>,
     lost_in_a_row: AtomicU64,
 }
 
@@ -284,7 +273,6 @@ impl Worker {
                 Ok(()) => break true,
                 Err(error) => {
                     self.counters.failures.inc();
-                    self.healthy.store(false, Ordering::Relaxed);
                     tracing::warn!(backend = %self.name, attempt, %error, "audit write failed");
                     if attempt >= self.retries {
                         break false;
@@ -297,7 +285,6 @@ impl Worker {
         };
         let count = lines.len() as u64;
         if written {
-            self.healthy.store(true, Ordering::Relaxed);
             self.counters.written.add(count);
             self.lost_in_a_row.store(0, Ordering::Relaxed);
         } else {
