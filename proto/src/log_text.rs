@@ -27,7 +27,12 @@ pub fn printable(text: &str) -> String {
 /// The first [`MAX_QUOTED_BYTES`] of `text` (less, to end on a character): what is worth
 /// keeping of peer text that is only ever logged.
 pub fn truncated(text: &str) -> &str {
-    let mut end = text.len().min(MAX_QUOTED_BYTES);
+    prefix(text, MAX_QUOTED_BYTES)
+}
+
+/// The longest prefix of `text` of at most `bytes` bytes that ends on a character.
+pub fn prefix(text: &str, bytes: usize) -> &str {
+    let mut end = bytes.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }

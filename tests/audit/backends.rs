@@ -362,15 +362,7 @@ async fn a_flood_of_refused_upgrades_is_recorded_at_a_bounded_rate() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = secret_file(&dir, "token", "flood-test-token");
     let config = config_file(&audit.config("batch", ""));
-    let server = WsServer::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--ws-auth",
-        "capability-token",
-        "--ws-token-file",
-        &token_file,
-    ])
-    .await;
+    let server = super::server_with_token(&config, &token_file).await;
     for _ in 0..200 {
         let (status, _) = http_body(
             &server.http_base(),

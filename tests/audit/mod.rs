@@ -86,6 +86,19 @@ fn lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A WebSocket server with `config` and the capability token in `token_file`.
+pub(crate) async fn server_with_token(config: &Path, token_file: &str) -> crate::util::WsServer {
+    crate::util::WsServer::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--ws-auth",
+        "capability-token",
+        "--ws-token-file",
+        token_file,
+    ])
+    .await
+}
+
 /// `kind`, plus `method` and `stage` for request events: what the order checks compare.
 pub(crate) fn shape(event: &Value) -> String {
     let kind = event["kind"].as_str().unwrap();

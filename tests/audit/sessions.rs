@@ -31,15 +31,7 @@ async fn a_websocket_session_is_recorded_in_order_with_its_identity() {
         + "[process]\nmax_processes_per_session = 1\n";
     let config = config_file(&toml);
     let token_file = secret_file(&work, "token", TOKEN);
-    let server = WsServer::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--ws-auth",
-        "capability-token",
-        "--ws-token-file",
-        &token_file,
-    ])
-    .await;
+    let server = super::server_with_token(&config, &token_file).await;
     // A refused upgrade.
     let (status, _) = http_get(&server.http_base(), "/", "Authorization: Bearer wrong-token\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n").await;
     assert_eq!(status, 401);

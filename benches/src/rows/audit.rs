@@ -43,8 +43,8 @@ fn metadata_request(id: i64) -> String {
 }
 
 fn row(key: &'static str, what: &'static str, on: &mut [Duration], off: &mut [Duration]) -> Row {
-    let (median, p99) = median_p99(&mut on.to_vec());
-    let (floor, _) = median_p99(&mut off.to_vec());
+    let (median, p99) = median_p99(on);
+    let (floor, _) = median_p99(off);
     Row {
         key,
         what,

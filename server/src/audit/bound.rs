@@ -2,6 +2,7 @@
 //! records; without a bound, a few requests with megabyte-long values would rotate every
 //! earlier event out of the file backend's history and hold megabytes in each queue.
 
+use exec_server_proto::log_text::prefix;
 use serde_json::{Map, Value};
 use sha2::Digest as _;
 
@@ -122,15 +123,6 @@ fn without_quoted_values(text: &str) -> String {
         }
     }
     out
-}
-
-/// The longest prefix of `text` of at most `bytes` bytes that ends on a character.
-fn prefix(text: &str, bytes: usize) -> &str {
-    let mut end = bytes.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]
