@@ -343,3 +343,44 @@ async fn values_a_client_sends_reach_the_trail_bounded_and_without_secrets() {
     assert_eq!(created["details"]["path"]["truncatedBytes"], long.len());
     assert!(created.to_string().len() < 16 * 1024);
 }
+
+/// A streamed write is its `fs/open`, its blocks and the `fs/close` that puts it in place,
+/// joined by the handle; the close records the size of the new version.
+#[tokio::test]
+async fn a_streamed_write_is_recorded_with_its_path_and_size() {
+    let audit = AuditFile::new();
+    let config = config_file(&audit.config("batch", "levels = { request = \"request\" }"));
+    let mut client = Client::stdio(&["--config", config.to_str().unwrap()]).await;
+    let session = client.handshake().await;
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("streamed");
+    let open = json!({"handleId": "h1", "path": target, "mode": "replace"});
+    client.call("fs/open", open).await;
+    for (offset, part) in [(0, "0123456789"), (10, "abcdef")] {
+        let block = json!({"handleId": "h1", "offset": offset, "chunk": b64(part)});
+        client.call("fs/writeBlock", block).await;
+    }
+    client.call("fs/close", json!({"handleId": "h1"})).await;
+    client.close().await;
+    let events = audit
+        .wait_for("session.closed", |e| e["kind"] == "session.closed")
+        .await;
+    let mine = of_session(&events, &session);
+    let shapes: Vec<String> = mine.iter().map(|e| shape(e)).collect();
+    assert_eq!(
+        shapes,
+        [
+            "session.opened",
+            "request fs/open completed",
+            "request fs/writeBlock completed",
+            "request fs/writeBlock completed",
+            "request fs/close completed",
+            "session.closed"
+        ]
+    );
+    assert_eq!(mine[1]["details"]["path"], json!(target));
+    assert_eq!(mine[1]["details"]["mode"], "replace");
+    assert_eq!(mine[2]["details"]["bytes"], 10);
+    assert_eq!(mine[4]["details"]["handleId"], "h1");
+    assert_eq!(mine[4]["details"]["bytes"], 16);
+}

@@ -158,10 +158,12 @@ pub(crate) async fn handle_close(
     if let Some(handle) = closed {
         if let OpenHandle::Replace(_) = &*handle {
             let commit = move |_| match &*handle {
-                OpenHandle::Replace(file) => file.commit(),
-                OpenHandle::Read(_) => Ok(()),
+                OpenHandle::Replace(file) => file.commit().map(|()| file.size()),
+                OpenHandle::Read(_) => Ok(0),
             };
-            config.pool.run(cx.session(), CLOSE, commit).await?;
+            let bytes = config.pool.run(cx.session(), CLOSE, commit).await?;
+            // The streamed write is in place: its size goes with its audit event.
+            cx.audit_note("bytes", || bytes.into());
         }
     }
     Ok(Empty {})

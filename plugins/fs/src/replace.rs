@@ -101,6 +101,11 @@ impl ReplaceFile {
         Some(self.temp.write_all_at(chunk, offset))
     }
 
+    /// The size of the new version.
+    pub(crate) fn size(&self) -> u64 {
+        self.temp.metadata().map_or(0, |m| m.len())
+    }
+
     /// Puts the new version in place: syncs it, renames it over the target, syncs the
     /// directory. Waits for writes in flight.
     pub(crate) fn commit(&self) -> Result<(), RpcError> {
