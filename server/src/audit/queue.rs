@@ -1,7 +1,6 @@
 //! One backend's queue and the thread that writes it: batches, retries, and the two modes
 //! (`blocking`: the emitter waits for the write; `batch`: a full queue drops, counted).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -94,7 +93,7 @@ impl BackendQueue {
             retries: config.retries,
             backoff: Duration::from_millis(config.retry_backoff_ms),
             counters: counters.clone(),
-            lost_in_a_row: AtomicU64::new(0),
+            lost_in_a_row: 0,
         };
         std::thread::Builder::new()
             .name(format!("audit-{name}"))
@@ -136,13 +135,18 @@ impl BackendQueue {
         }
     }
 
-    /// `blocking` with a full queue: the emitter waits for room as long as for the write.
+    /// `blocking` with a full queue: the emitter waits for room as long as for the write
+    /// (outside a runtime, where nothing can wait, the event is dropped and counted).
     fn wait_for_room(&self, item: Item, pending: Option<Pending>) -> Option<Pending> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.dropped(1);
+            return None;
+        };
         let sender = self.sender.clone();
         let timeout = self.timeout;
         let (tx, rx) = oneshot::channel();
         let Pending(written, _) = pending?;
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let queued = tokio::time::timeout(timeout, sender.send(item)).await;
             let ok = matches!(queued, Ok(Ok(()))) && matches!(written.await, Ok(true));
             let _ = tx.send(ok);
@@ -190,7 +194,7 @@ struct Worker {
     retries: u32,
     backoff: Duration,
     counters: Counters,
-    lost_in_a_row: AtomicU64,
+    lost_in_a_row: u64,
 }
 
 impl Worker {
@@ -286,10 +290,11 @@ impl Worker {
         let count = lines.len() as u64;
         if written {
             self.counters.written.add(count);
-            self.lost_in_a_row.store(0, Ordering::Relaxed);
+            self.lost_in_a_row = 0;
         } else {
             self.counters.dropped.add(count);
-            let lost = self.lost_in_a_row.fetch_add(count, Ordering::Relaxed) + count;
+            self.lost_in_a_row += count;
+            let lost = self.lost_in_a_row;
             tracing::error!(backend = %self.name, events = count, lost_in_a_row = lost, "audit events lost after retries");
         }
         for item in batch.drain(..) {
