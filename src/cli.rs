@@ -71,6 +71,12 @@ pub struct Cli {
     #[arg(long = "ws-max-clock-skew-seconds", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=i64::MAX as u64))]
     pub ws_max_clock_skew_seconds: Option<u64>,
 
+    /// Serve a `ws://` listener off loopback with no authentication
+    /// (`websocket.dangerously_listen_without_auth`). Refused at start otherwise: anyone who
+    /// reaches the address runs commands as this user.
+    #[arg(long = "dangerously-listen-without-auth")]
+    pub dangerously_listen_without_auth: bool,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -220,6 +226,9 @@ impl Cli {
         }
         if !self.listen.is_empty() {
             overrides.set("server.listen", self.listen.clone());
+        }
+        if self.dangerously_listen_without_auth {
+            overrides.set("websocket.dangerously_listen_without_auth", true);
         }
         if let Some(url) = &self.remote {
             overrides.set("relay.url", url.clone());

@@ -254,12 +254,12 @@ fn listen_url_errors_keep_the_reference_texts() {
             "unsupported --listen URL `tcp://1.2.3.4:5`; expected `ws://IP:PORT` or `stdio`",
         ),
         (
-            "ws://localhost:80",
-            "invalid websocket --listen URL `ws://localhost:80`; expected `ws://IP:PORT`",
+            "ws://example.com:80",
+            "invalid websocket --listen URL `ws://example.com:80`; expected `ws://IP:PORT` or `ws://localhost:PORT`",
         ),
         (
             "ws://127.0.0.1",
-            "invalid websocket --listen URL `ws://127.0.0.1`; expected `ws://IP:PORT`",
+            "invalid websocket --listen URL `ws://127.0.0.1`; expected `ws://IP:PORT` or `ws://localhost:PORT`",
         ),
     ] {
         let out = run(&["--listen", url], &[]);

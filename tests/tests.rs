@@ -19,6 +19,7 @@ mod fair_share;
 mod fs;
 mod handshake;
 mod http;
+mod listen_exposure;
 mod network_proxy;
 mod process;
 mod process_start_errors;

@@ -71,6 +71,9 @@ pub struct WebsocketTable {
     pub audience: Option<String>,
     /// Clock skew allowed for `exp` and `nbf`; `--ws-max-clock-skew-seconds`.
     pub max_clock_skew_seconds: u64,
+    /// Serve a listener off loopback without authentication (refused at start otherwise);
+    /// `--dangerously-listen-without-auth`.
+    pub dangerously_listen_without_auth: bool,
 }
 
 impl Default for WebsocketTable {
@@ -86,6 +89,7 @@ impl Default for WebsocketTable {
             issuer: None,
             audience: None,
             max_clock_skew_seconds: DEFAULT_MAX_CLOCK_SKEW_SECONDS,
+            dangerously_listen_without_auth: false,
         }
     }
 }

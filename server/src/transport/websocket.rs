@@ -21,6 +21,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
+use super::exposure::{self, Exposure};
 use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::{authenticate, authenticate_as, AuthFailure};
 use super::ws_upgrade::upgrade_request;
@@ -66,9 +67,18 @@ fn open_websocket(
 ) -> Result<Box<dyn Listener>, StartupError> {
     let addr = parse_ws_url(url).ok_or_else(|| {
         StartupError(format!(
-            "invalid websocket --listen URL `{url}`; expected `ws://IP:PORT`"
+            "invalid websocket --listen URL `{url}`; expected `ws://IP:PORT` or `ws://localhost:PORT`"
         ))
     })?;
+    let authenticated = !server.core.websocket_auth.is_none();
+    let allowed = server.core.websocket.dangerously_listen_without_auth;
+    if exposure::check(addr, authenticated, allowed)? == Exposure::AllowedUnsafe {
+        tracing::warn!(
+            address = %addr,
+            "serving without authentication off loopback ({}): anyone who reaches this address can run commands as this user",
+            exposure::ALLOW_KEY
+        );
+    }
     Ok(Box::new(WebsocketListener {
         addr,
         listener: None,
@@ -76,10 +86,16 @@ fn open_websocket(
     }))
 }
 
-/// `ws://IP:PORT` with a literal IPv4 address or a bracketed IPv6 address; no host names.
+/// `ws://IP:PORT` with a literal IPv4 address or a bracketed IPv6 address, or
+/// `ws://localhost:PORT` for `127.0.0.1` (the one name accepted: it needs no resolver, and
+/// a name that could resolve elsewhere would make the loopback check a guess).
 fn parse_ws_url(url: &str) -> Option<SocketAddr> {
     let rest = url.strip_prefix("ws://")?;
     let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if let Some(port) = rest.strip_prefix("localhost:") {
+        let port = port.parse().ok()?;
+        return Some(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)));
+    }
     rest.parse().ok()
 }
 
