@@ -240,6 +240,7 @@ fn print_methods(source: &ConfigSource, core: &CoreConfig) -> Result<(), Startup
 
 fn print_config(source: &ConfigSource, core: &CoreConfig) -> Result<(), StartupError> {
     let plan = MethodPlan::new(source, core, &plugin::plugins(), &config_sections())?;
+    exec_server_core::server::check_listen_urls(&core.server.listen, core)?;
     let mut effective = core.to_redacted_json();
     for (name, section) in plan.tables {
         effective[name] = section;

@@ -96,7 +96,9 @@ fn errors_name_the_key_the_value_and_the_source() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out).trim(),
-        format!("invalid config: unknown key methods.disable (from {path})")
+        format!(
+            "invalid config: unknown key methods.disable (from {path}); did you mean `methods.disabled`?"
+        )
     );
 
     let out = run(&[], &[("EXEC_SERVER_SESSION__DETACHED_TTL_MS", "soon")]);
@@ -515,4 +517,110 @@ fn completions_and_man_page_are_generated_from_the_parser() {
     let page = stdout(&out);
     assert!(page.contains(".TH exec-server 1"), "{page}");
     assert!(page.contains("rendezvous"), "{page}");
+}
+
+#[test]
+fn config_runs_the_listen_checks_start_up_runs() {
+    let out = run(&["--listen", "http://127.0.0.1:1", "config"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("unsupported --listen URL `http://127.0.0.1:1`"),
+        "{}",
+        stderr(&out)
+    );
+    let open = config_file("[server]\nlisten = [\"ws://0.0.0.0:9000\"]\n");
+    let out = run(&["config", "--config", open.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("refusing to listen on ws://0.0.0.0:9000 without authentication"),
+        "{}",
+        stderr(&out)
+    );
+    let twice = run(
+        &["--listen", "stdio", "--listen", "stdio://", "config"],
+        &[],
+    );
+    assert_eq!(twice.status.code(), Some(2));
+    let fine = run(&["--listen", "ws://localhost:0", "config"], &[]);
+    assert_eq!(fine.status.code(), Some(0), "{}", stderr(&fine));
+}
+
+#[test]
+fn unknown_keys_suggest_the_nearest_known_one_with_their_real_source() {
+    let file = config_file("[methods]\ndisable = [\"fs/*\"]\n");
+    let out = run(&["config", "--config", file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stderr(&out);
+    assert!(text.contains("unknown key methods.disable"), "{text}");
+    assert!(text.contains("did you mean `methods.disabled`?"), "{text}");
+
+    let out = run(
+        &["config"],
+        &[("EXEC_SERVER_PROCES__MAX_PROCESSES_PER_SESSION", "3")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let text = stderr(&out);
+    assert!(
+        text.contains(
+            "unknown key proces (from environment variable EXEC_SERVER_PROCES__MAX_PROCESSES_PER_SESSION)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("did you mean `process` (EXEC_SERVER_PROCESS__…)?"),
+        "{text}"
+    );
+
+    let out = run(
+        &["config"],
+        &[("EXEC_SERVER_WEBSOCKET__PING_INTERVL_MS", "5")],
+    );
+    let text = stderr(&out);
+    assert!(
+        text.contains(
+            "did you mean `websocket.ping_interval_ms` (EXEC_SERVER_WEBSOCKET__PING_INTERVAL_MS)?"
+        ),
+        "{text}"
+    );
+    // A stranger gets no guess.
+    let file = config_file("[methods]\nzzzzzzzz = 1\n");
+    let out = run(&["config", "--config", file.to_str().unwrap()], &[]);
+    assert!(!stderr(&out).contains("did you mean"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn lowering_a_cap_lowers_the_defaults_that_depend_on_it() {
+    let file = config_file("[listener]\nmax_connections = 100\n");
+    let out = run(&["config", "--config", file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(
+        config_value(&text, "listener", "max_pending_connections"),
+        "100"
+    );
+    assert_eq!(
+        config_value(&text, "listener", "max_pending_per_peer"),
+        "64"
+    );
+    let server = crate::util::WsServer::start(&["--config", file.to_str().unwrap()]).await;
+    server.connect_initialized().await;
+
+    let tight = config_file("[listener]\nmax_connections = 10\n");
+    let out = run(&["config", "--config", tight.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        config_value(&stdout(&out), "listener", "max_pending_per_peer"),
+        "10"
+    );
+
+    // A value someone set is still checked, and blamed on where it was set.
+    let set = config_file("[listener]\nmax_connections = 100\nmax_pending_connections = 200\n");
+    let out = run(&["config", "--config", set.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stderr(&out);
+    assert!(
+        text.contains("must not exceed listener.max_connections (100), got 200 (from "),
+        "{text}"
+    );
+    assert!(!text.contains("(default)"), "{text}");
 }

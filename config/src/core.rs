@@ -133,7 +133,18 @@ impl Default for ListenerTable {
 impl ListenerTable {
     /// Extracts and validates `[listener]`.
     pub fn from_source(source: &ConfigSource) -> Result<Self, ConfigError> {
-        let table: Self = source.section("listener")?;
+        let mut table: Self = source.section("listener")?;
+        // A default never blocks lowering another key: an unset pending cap follows a
+        // lower connection cap, an unset per-peer cap a lower pending cap.
+        if !source.is_set("listener.max_pending_connections") {
+            table.max_pending_connections =
+                table.max_pending_connections.min(table.max_connections);
+        }
+        if !source.is_set("listener.max_pending_per_peer") {
+            table.max_pending_per_peer = table
+                .max_pending_per_peer
+                .min(table.max_pending_connections);
+        }
         source.require_positive(
             "listener",
             &[

@@ -12,6 +12,7 @@
 //! * [`secret`] — the redacting [`SecretString`] and the mode-checked token file reader.
 //! * [`secret_env`] — secrets taken from the environment once, then erased from it.
 //! * [`ws_auth`] — how WebSocket upgrades are authenticated (capability token, HS256 JWT).
+//! * [`suggest`] — the nearest known key for an unknown one ("did you mean").
 //! * [`variables`] — the environment variables read: the configuration variable scheme and
 //!   the fixed names of secret variables.
 
@@ -19,6 +20,7 @@ pub mod core;
 pub mod secret;
 pub mod secret_env;
 pub mod source;
+pub mod suggest;
 pub mod variables;
 pub mod ws_auth;
 

@@ -183,6 +183,12 @@ impl ConfigSource {
             .map_err(|e| self.decode_error(table, e))
     }
 
+    /// Whether some layer (file, environment, command line) sets `key`; `false` means its
+    /// default applies.
+    pub fn is_set(&self, key: &str) -> bool {
+        self.figment.contains(key)
+    }
+
     /// ` (from …)` for the layer that set `key`, or ` (default)` if none did.
     pub fn origin(&self, key: &str) -> String {
         match self.figment.find_metadata(key) {
@@ -225,15 +231,20 @@ impl ConfigSource {
         path.extend(inner);
         use figment::error::Kind;
         match &first.kind {
-            Kind::UnknownField(field, _) => {
+            Kind::UnknownField(field, expected) => {
                 if path.last() != Some(field) {
                     path.push(field.clone());
                 }
                 let key = path.join(".");
-                ConfigError(format!(
-                    "invalid config: unknown key {key}{}",
-                    self.origin(&key)
-                ))
+                let origin = self.origin(&key);
+                let parent = path[..path.len() - 1].join(".");
+                let hint = crate::suggest::did_you_mean(
+                    &parent,
+                    field,
+                    expected.iter().copied(),
+                    origin.contains("environment variable"),
+                );
+                ConfigError(format!("invalid config: unknown key {key}{origin}{hint}"))
             }
             kind => {
                 let key = path.join(".");
@@ -324,6 +335,23 @@ fn holds_key(table: &toml::Table, key: &str) -> bool {
     false
 }
 
+/// The environment variable that set `key`: its own name when it is set, else the first
+/// variable below it (`proces` was set by `EXEC_SERVER_PROCES__MAX_PROCESSES`, not by a
+/// variable named `EXEC_SERVER_PROCES`).
+fn variable_setting(key: &str) -> String {
+    let name = crate::variables::config_variable(key);
+    if std::env::var_os(&name).is_some() {
+        return name;
+    }
+    let below = format!("{name}{}", crate::variables::ENV_SEPARATOR);
+    let mut found: Vec<String> = std::env::vars_os()
+        .filter_map(|(var, _)| var.into_string().ok())
+        .filter(|var| var.len() > below.len() && var[..below.len()].eq_ignore_ascii_case(&below))
+        .collect();
+    found.sort();
+    found.into_iter().next().unwrap_or(name)
+}
+
 fn describe(metadata: &Metadata, key: &str) -> String {
     if let Some(figment::Source::File(path)) = &metadata.source {
         return format!(" (from {})", PathBuf::from(path).display());
@@ -332,8 +360,7 @@ fn describe(metadata: &Metadata, key: &str) -> String {
         return " (from the command line)".to_owned();
     }
     if metadata.name.contains("environment variable") {
-        let name = crate::variables::config_variable(key);
-        return format!(" (from environment variable {name})");
+        return format!(" (from environment variable {})", variable_setting(key));
     }
     format!(" (from {})", metadata.name)
 }

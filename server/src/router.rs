@@ -102,8 +102,19 @@ impl MethodPlan {
                 && !names.contains_key(table.as_str())
                 && !is_section(&table)
             {
+                let known = CORE_TABLES
+                    .iter()
+                    .copied()
+                    .chain(names.keys().copied())
+                    .chain(sections.iter().map(|s| s.name));
+                let hint = exec_server_config::suggest::did_you_mean(
+                    "",
+                    &table,
+                    known,
+                    origin.contains("environment variable"),
+                );
                 return Err(StartupError(format!(
-                    "invalid config: unknown key {table}{origin}"
+                    "invalid config: unknown key {table}{origin}{hint}"
                 )));
             }
         }

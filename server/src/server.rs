@@ -147,6 +147,10 @@ pub enum RunError {
     Listener(#[from] ListenerFailed),
 }
 
+/// Checks a `--listen` URL against the configuration without side effects (run at start-up
+/// before anything is opened, and by `exec-server config`).
+pub type CheckListenUrlFn = fn(&str, &CoreConfig) -> Result<(), StartupError>;
+
 /// Creates an (unbound) listener for a `--listen` URL.
 pub type OpenListenerFn = fn(&str, &Arc<ServerContext>) -> Result<Box<dyn Listener>, StartupError>;
 
@@ -159,7 +163,10 @@ pub type OpenConfiguredFn =
 pub struct ListenerKind {
     /// `stdio` (matches `stdio` and `stdio://`) or a URL scheme such as `ws`.
     pub scheme: &'static str,
-    /// Validates the URL and creates the (unbound) listener.
+    /// Validates the URL: its form, and whatever the configuration must say for it (a
+    /// WebSocket off loopback needs authentication).
+    pub check: CheckListenUrlFn,
+    /// Creates the (unbound) listener for a checked URL.
     pub open: OpenListenerFn,
 }
 
@@ -198,22 +205,26 @@ fn scheme_of(url: &str) -> &str {
     url.split_once("://").map_or("", |(scheme, _)| scheme)
 }
 
-/// Creates the listeners for `urls` (at most one stdio listener).
-pub fn open_listeners(
-    urls: &[String],
-    server: &Arc<ServerContext>,
-) -> Result<Vec<Box<dyn Listener>>, StartupError> {
-    let kinds: Vec<&ListenerKind> = inventory::iter::<ListenerKind>.into_iter().collect();
-    let mut listeners = Vec::new();
-    let mut stdio_seen = false;
-    for url in urls {
-        let scheme = scheme_of(url);
-        let kind = kinds.iter().find(|k| k.scheme == scheme).ok_or_else(|| {
+fn listener_kind(url: &str) -> Result<&'static ListenerKind, StartupError> {
+    let scheme = scheme_of(url);
+    inventory::iter::<ListenerKind>
+        .into_iter()
+        .find(|k| k.scheme == scheme)
+        .ok_or_else(|| {
             StartupError(format!(
                 "unsupported --listen URL `{url}`; expected `ws://IP:PORT` or `stdio`"
             ))
-        })?;
-        if scheme == "stdio" {
+        })
+}
+
+/// Every check start-up runs on the `--listen` URLs before anything is opened: a known
+/// scheme, at most one stdio listener, and each transport's own check. `exec-server
+/// config` runs it too, so a configuration it accepts is one the server starts with.
+pub fn check_listen_urls(urls: &[String], core: &CoreConfig) -> Result<(), StartupError> {
+    let mut stdio_seen = false;
+    for url in urls {
+        let kind = listener_kind(url)?;
+        if kind.scheme == "stdio" {
             if stdio_seen {
                 return Err(StartupError(
                     "at most one stdio listener may be configured".into(),
@@ -221,9 +232,20 @@ pub fn open_listeners(
             }
             stdio_seen = true;
         }
-        listeners.push((kind.open)(url, server)?);
+        (kind.check)(url, core)?;
     }
-    Ok(listeners)
+    Ok(())
+}
+
+/// Creates the listeners for `urls`, once [`check_listen_urls`] accepts them.
+pub fn open_listeners(
+    urls: &[String],
+    server: &Arc<ServerContext>,
+) -> Result<Vec<Box<dyn Listener>>, StartupError> {
+    check_listen_urls(urls, &server.core)?;
+    urls.iter()
+        .map(|url| (listener_kind(url)?.open)(url, server))
+        .collect()
 }
 
 /// How long shutdown waits for the audit backends to write what is queued.

@@ -10,20 +10,27 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 
+use exec_server_config::CoreConfig;
+
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
 use crate::router::StartupError;
 use crate::server::{Listener, ListenerFailed, ListenerKind, ServerContext};
 
 inventory::submit! {
-    ListenerKind { scheme: "stdio", open: open_stdio }
+    ListenerKind { scheme: "stdio", check: check_stdio, open: open_stdio }
 }
 
-fn open_stdio(url: &str, _: &Arc<ServerContext>) -> Result<Box<dyn Listener>, StartupError> {
+fn check_stdio(url: &str, _: &CoreConfig) -> Result<(), StartupError> {
     if url != "stdio" && url != "stdio://" {
         return Err(StartupError(format!(
             "unsupported --listen URL `{url}`; expected `ws://IP:PORT` or `stdio`"
         )));
     }
+    Ok(())
+}
+
+fn open_stdio(url: &str, server: &Arc<ServerContext>) -> Result<Box<dyn Listener>, StartupError> {
+    check_stdio(url, &server.core)?;
     Ok(Box::new(StdioListener))
 }
 

@@ -25,6 +25,8 @@ use super::exposure::{self, Exposure};
 use super::http_server::{serve_http, ListenerLimits};
 use super::ws_auth::{authenticate, authenticate_as, AuthFailure};
 use super::ws_upgrade::upgrade_request;
+use exec_server_config::CoreConfig;
+
 use crate::audit::sampler::Sampler;
 use crate::audit::{AuditScope, Outcome, Who};
 use crate::connection::{serve_connection, ConnectionInfo, Inbound};
@@ -34,7 +36,7 @@ use crate::router::StartupError;
 use crate::server::{Listener, ListenerFailed, ListenerKind, ServerContext};
 
 inventory::submit! {
-    ListenerKind { scheme: "ws", open: open_websocket }
+    ListenerKind { scheme: "ws", check: check_websocket, open: open_websocket }
 }
 
 /// Read buffer of each WebSocket connection: allocated when it opens, so it is most of
@@ -61,18 +63,29 @@ const TRANSPORT: &str = "websocket";
 /// Close code for a message or frame above the limits (RFC 6455 "message too big").
 const CLOSE_TOO_BIG: u16 = 1009;
 
-fn open_websocket(
-    url: &str,
-    server: &Arc<ServerContext>,
-) -> Result<Box<dyn Listener>, StartupError> {
+/// The address of a `ws://` URL, and whether serving it unauthenticated was allowed in
+/// words ([`exposure`]).
+fn checked_address(url: &str, core: &CoreConfig) -> Result<(SocketAddr, Exposure), StartupError> {
     let addr = parse_ws_url(url).ok_or_else(|| {
         StartupError(format!(
             "invalid websocket --listen URL `{url}`; expected `ws://IP:PORT` or `ws://localhost:PORT`"
         ))
     })?;
-    let authenticated = !server.core.websocket_auth.is_none();
-    let allowed = server.core.websocket.dangerously_listen_without_auth;
-    if exposure::check(addr, authenticated, allowed)? == Exposure::AllowedUnsafe {
+    let authenticated = !core.websocket_auth.is_none();
+    let allowed = core.websocket.dangerously_listen_without_auth;
+    Ok((addr, exposure::check(addr, authenticated, allowed)?))
+}
+
+fn check_websocket(url: &str, core: &CoreConfig) -> Result<(), StartupError> {
+    checked_address(url, core).map(drop)
+}
+
+fn open_websocket(
+    url: &str,
+    server: &Arc<ServerContext>,
+) -> Result<Box<dyn Listener>, StartupError> {
+    let (addr, exposure) = checked_address(url, &server.core)?;
+    if exposure == Exposure::AllowedUnsafe {
         tracing::warn!(
             address = %addr,
             "serving without authentication off loopback ({}): anyone who reaches this address can run commands as this user",
