@@ -23,6 +23,7 @@ use exec_server_client::{
     ClientOptions, ExecServerClient, ExecServerError, ProcessControl, ProcessEvent,
 };
 use exec_server_config::core::CONNECTION_TOKEN_ENV;
+use exec_server_config::secret::read_token_file;
 use exec_server_config::{secret_env, CliOverrides, ConfigSource};
 use exec_server_proto::process::{
     EnvInherit, EnvPolicy, OutputStream, Signal, StartParams, TerminalSize, WriteStatus,
@@ -43,16 +44,23 @@ const EXIT_BROKEN_PIPE: u8 = 128 + 13;
 
 /// Arguments of `exec-server run`.
 #[derive(Debug, Clone, Args)]
+#[command(group(
+    clap::ArgGroup::new("server")
+        .args(["url", "stdio", "remote"])
+        .required(true)
+        .multiple(false)
+))]
 pub struct RunArgs {
-    /// WebSocket URL of a running server (`ws://IP:PORT`). A bearer token, when the server
-    /// needs one, is read from CODEX_EXEC_SERVER_CONNECTION_TOKEN.
-    #[arg(
-        long,
-        value_name = "URL",
-        conflicts_with_all = ["stdio", "remote"],
-        required_unless_present_any = ["stdio", "remote"]
-    )]
+    /// WebSocket URL of a running server (`ws://IP:PORT`, or `wss://HOST:PORT` through a
+    /// TLS proxy). A bearer token, when the server needs one, is read from `--token-file`
+    /// or CODEX_EXEC_SERVER_CONNECTION_TOKEN. Busy answers (503, 429) are retried.
+    #[arg(long, value_name = "URL", value_parser = parse_ws_url)]
     pub url: Option<String>,
+
+    /// With --url: a file holding the bearer token, readable by its owner only (the
+    /// server's `--ws-token-file`).
+    #[arg(long = "token-file", value_name = "FILE", requires = "url")]
+    pub token_file: Option<PathBuf>,
 
     /// Start a server with this shell command (e.g. `exec-server --listen stdio`) and talk
     /// to it over its stdin and stdout.
@@ -107,6 +115,14 @@ pub struct RunArgs {
         value_name = "PROGRAM"
     )]
     pub command: Vec<String>,
+}
+
+fn parse_ws_url(text: &str) -> Result<String, String> {
+    if text.starts_with("ws://") || text.starts_with("wss://") {
+        Ok(text.to_owned())
+    } else {
+        Err("expected `ws://IP:PORT` (or `wss://HOST:PORT`); for a server started on the spot use `--stdio CMD`, through a relay `--remote URL --environment-id ID`".into())
+    }
 }
 
 fn parse_env(text: &str) -> Result<(String, String), String> {
@@ -200,9 +216,17 @@ async fn connect(
     }
     match (&args.url, &args.stdio) {
         (Some(url), _) => {
-            // Taken out of the environment at start-up, like every secret variable.
-            let token = secret_env::secret_variable(CONNECTION_TOKEN_ENV)
-                .map(|token| token.expose().to_owned());
+            let token = match &args.token_file {
+                Some(path) => Some(
+                    read_token_file(path)
+                        .map_err(|e| ExecServerError::InvalidRequest(e.describe(path)))?
+                        .expose()
+                        .to_owned(),
+                ),
+                // Taken out of the environment at start-up, like every secret variable.
+                None => secret_env::secret_variable(CONNECTION_TOKEN_ENV)
+                    .map(|token| token.expose().to_owned()),
+            };
             ExecServerClient::connect_websocket(url, token, options).await
         }
         (None, Some(command_line)) => {
@@ -249,8 +273,43 @@ fn relay_args(
     Ok(args)
 }
 
+/// What to do about an upgrade the server refused, for the statuses a user can fix.
+fn refusal_hint(status: u16, token_from: Option<&str>) -> Option<String> {
+    match (status, token_from) {
+        (401, None) => Some(format!(
+            "the server needs a bearer token: pass `--token-file FILE` (owner-only) or set {CONNECTION_TOKEN_ENV}"
+        )),
+        (401, Some(source)) => Some(format!(
+            "the server did not accept the bearer token from {source}"
+        )),
+        (503 | 429, _) => Some("the server stayed busy through the retries; try again later".into()),
+        _ => None,
+    }
+}
+
+fn connect_failure(error: ExecServerError, args: &RunArgs) -> Failure {
+    let ExecServerError::Refused { status, .. } = &error else {
+        return error.into();
+    };
+    let token_from = match &args.token_file {
+        Some(path) => Some(format!("--token-file {}", path.display())),
+        None if secret_env::secret_variable(CONNECTION_TOKEN_ENV).is_some() => {
+            Some(CONNECTION_TOKEN_ENV.to_owned())
+        }
+        None => None,
+    };
+    let hint = refusal_hint(*status, token_from.as_deref());
+    Failure {
+        context: hint,
+        error,
+        code: EXIT_RUN_FAILED,
+    }
+}
+
 async fn run(args: RunArgs, config: Option<&Path>) -> Result<u8, Failure> {
-    let client = connect(&args, config).await?;
+    let client = connect(&args, config)
+        .await
+        .map_err(|e| connect_failure(e, &args))?;
     let cwd = match &args.cwd {
         Some(cwd) => cwd.clone(),
         None => client
@@ -396,6 +455,7 @@ async fn forward_signals(control: ProcessControl, tty: bool) {
     ) else {
         return;
     };
+    let mut interrupted = false;
     loop {
         let forwarded = tokio::select! {
             _ = winch.recv() => {
@@ -406,7 +466,16 @@ async fn forward_signals(control: ProcessControl, tty: bool) {
                 }
                 continue;
             }
-            _ = int.recv() => Signal::Interrupt,
+            _ = int.recv() => {
+                if interrupted {
+                    // A second Ctrl-C: the command ignored the first; end its whole group.
+                    let _ = control.terminate().await;
+                    continue;
+                }
+                interrupted = true;
+                eprintln!("exec-server run: interrupt sent to the remote command; press Ctrl-C again to kill it");
+                Signal::Interrupt
+            }
             _ = term.recv() => Signal::Terminate,
             _ = hup.recv() => Signal::Hangup,
             _ = quit.recv() => Signal::Quit,

@@ -400,7 +400,10 @@ async fn websocket_with_bearer_token() {
     let refused = ExecServerClient::connect_websocket(&server.url, None, ClientOptions::default())
         .await
         .unwrap_err();
-    assert!(matches!(refused, ExecServerError::Connect(_)), "{refused}");
+    assert!(
+        matches!(&refused, ExecServerError::Refused { status: 401, body, .. } if body == "missing websocket bearer token"),
+        "{refused}"
+    );
     let client = ExecServerClient::connect_websocket(
         &server.url,
         Some("s3cret".into()),
@@ -667,7 +670,7 @@ async fn stdio_sessions_end_with_their_server() {
 
 // ---- exec-server run -----------------------------------------------------------------
 
-fn run_command(args: &[&str]) -> tokio::process::Command {
+pub(crate) fn run_command(args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(server_bin());
     command
         .arg("run")
@@ -682,7 +685,7 @@ fn run_command(args: &[&str]) -> tokio::process::Command {
     command
 }
 
-async fn run_output(command: &mut tokio::process::Command) -> std::process::Output {
+pub(crate) async fn run_output(command: &mut tokio::process::Command) -> std::process::Output {
     tokio::time::timeout(STEP_TIMEOUT, command.output())
         .await
         .expect("run finishes")

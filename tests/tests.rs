@@ -25,6 +25,7 @@ mod process;
 mod process_start_errors;
 mod readme;
 mod relay;
+mod run_errors;
 mod sandbox;
 mod sandbox_reuse;
 mod search;

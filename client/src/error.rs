@@ -14,6 +14,18 @@ pub enum ExecServerError {
     /// the WebSocket upgrade, …).
     #[error("failed to connect to exec-server: {0}")]
     Connect(String),
+    /// The server answered the WebSocket upgrade with an HTTP error status: `401` for a
+    /// missing or wrong credential, `503`/`429` when it stayed busy through the retries.
+    /// `body` is the start of the answer's text, which says why.
+    #[error(
+        "failed to connect to exec-server: {url}: the server refused the WebSocket upgrade with HTTP {status}{}",
+        if .body.is_empty() { String::new() } else { format!(" ({})", .body) }
+    )]
+    Refused {
+        url: String,
+        status: u16,
+        body: String,
+    },
     /// A connect or `initialize` step did not finish in time.
     #[error("{what} timed out after {} ms", .after.as_millis())]
     Timeout { what: &'static str, after: Duration },

@@ -24,6 +24,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::Connector;
 
+use exec_server_relay_core::busy::{parse_retry_after, BusyRetries};
+
 use crate::ExecServerError;
 
 /// How many inbound messages a connection buffers before the transport stops reading.
@@ -248,30 +250,80 @@ impl WebSocketTransport {
     }
 }
 
+/// How much of a refusal's body is kept for the error: enough for the reason.
+const REFUSAL_BODY_CHARS: usize = 200;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+impl WebSocketTransport {
+    /// The upgraded socket, after any busy retries ([`BusyRetries`]); an HTTP refusal is
+    /// [`ExecServerError::Refused`] with the server's status and reason.
+    async fn upgrade_when_not_busy(&self) -> Result<Socket, ExecServerError> {
+        let mut busy = BusyRetries::default();
+        loop {
+            let error = match self.upgrade().await? {
+                Ok(socket) => return Ok(socket),
+                Err(error) => error,
+            };
+            let tokio_tungstenite::tungstenite::Error::Http(response) = &error else {
+                return Err(ExecServerError::Connect(format!("{}: {error}", self.url)));
+            };
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|value| value.to_str().ok())
+                .and_then(parse_retry_after);
+            let Some(wait) = busy.next_wait(status, retry_after) else {
+                let body = response.body().as_deref().unwrap_or_default();
+                let body = String::from_utf8_lossy(body);
+                let body: String = body.trim().chars().take(REFUSAL_BODY_CHARS).collect();
+                return Err(ExecServerError::Refused {
+                    url: self.url.clone(),
+                    status,
+                    body: exec_server_proto::log_text::printable(&body),
+                });
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One upgrade attempt: the outer error is a request that cannot be built, the inner
+    /// one what the server or the network answered.
+    async fn upgrade(
+        &self,
+    ) -> Result<Result<Socket, tokio_tungstenite::tungstenite::Error>, ExecServerError> {
+        let mut request = self
+            .url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| ExecServerError::Connect(format!("invalid URL {}: {e}", self.url)))?;
+        if let Some(token) = &self.bearer_token {
+            let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                ExecServerError::Connect("the bearer token is not a valid header value".into())
+            })?;
+            request.headers_mut().insert("Authorization", value);
+        }
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(self.max_message_bytes))
+            .max_frame_size(Some(self.max_message_bytes));
+        // `wss` with the relay's TLS configuration (the system's roots), so every TLS
+        // connection of the client trusts the same certificates.
+        let tls = (request.uri().scheme_str() == Some("wss"))
+            .then(|| Connector::Rustls(exec_server_relay_core::tls::client_config()));
+        Ok(
+            tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, tls)
+                .await
+                .map(|(socket, _)| socket),
+        )
+    }
+}
+
 impl Transport for WebSocketTransport {
     fn connect(&self) -> BoxFuture<'_, Result<Connection, ExecServerError>> {
         Box::pin(async move {
-            let mut request =
-                self.url.as_str().into_client_request().map_err(|e| {
-                    ExecServerError::Connect(format!("invalid URL {}: {e}", self.url))
-                })?;
-            if let Some(token) = &self.bearer_token {
-                let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                    ExecServerError::Connect("the bearer token is not a valid header value".into())
-                })?;
-                request.headers_mut().insert("Authorization", value);
-            }
-            let config = WebSocketConfig::default()
-                .max_message_size(Some(self.max_message_bytes))
-                .max_frame_size(Some(self.max_message_bytes));
-            // `wss` with the relay's TLS configuration (the system's roots), so every TLS
-            // connection of the client trusts the same certificates.
-            let tls = (request.uri().scheme_str() == Some("wss"))
-                .then(|| Connector::Rustls(exec_server_relay_core::tls::client_config()));
-            let (socket, _) =
-                tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, tls)
-                    .await
-                    .map_err(|e| ExecServerError::Connect(format!("{}: {e}", self.url)))?;
+            let socket = self.upgrade_when_not_busy().await?;
             let (mut sink, mut stream) = socket.split();
             let (outgoing, mut to_server) = mpsc::unbounded_channel::<String>();
             let (from_server, incoming) = mpsc::channel(INBOUND_QUEUE);

@@ -252,8 +252,13 @@ pub(crate) fn start_executor_with(registry: &str, environment: &str, toml: &str)
     }
 }
 
+/// Harness arguments for the tests, which wait for executors with their own loops
+/// ([`connect`]) and assert on first answers: busy registry answers are not waited out
+/// (`run_errors`-style tests of that wait turn it back on).
 pub(crate) fn harness_args(registry: &str, environment: &str) -> RelayConnectArgs {
-    RelayConnectArgs::new(registry, environment, SecretString::new(HARNESS_TOKEN))
+    let mut args = RelayConnectArgs::new(registry, environment, SecretString::new(HARNESS_TOKEN));
+    args.retry_busy_registry = false;
+    args
 }
 
 /// Connects, retrying while the executor is still starting (404/503).
@@ -807,6 +812,9 @@ pub(crate) struct RegistryGate {
     /// When non-zero, `/validate` and `/register` are answered with this status.
     pub(crate) refuse_validate: AtomicUsize,
     pub(crate) refuse_register: AtomicUsize,
+    /// `/connect` calls seen, and how many more to answer `503` with `Retry-After: 1`.
+    pub(crate) connects: AtomicUsize,
+    pub(crate) busy_connects: AtomicUsize,
 }
 
 pub(crate) async fn start_gate(upstream: &str) -> Arc<RegistryGate> {
@@ -870,6 +878,22 @@ pub(crate) async fn gate_request(
     }
     if target.ends_with("/validate") {
         gate.validates.fetch_add(1, Ordering::SeqCst);
+    }
+    if target.ends_with("/connect") {
+        gate.connects.fetch_add(1, Ordering::SeqCst);
+        let busy = gate
+            .busy_connects
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if busy.is_ok() {
+            let body = r#"{"error":{"code":"store_unavailable","message":"busy (test gate)"}}"#;
+            let answer = format!(
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = tcp.write_all(answer.as_bytes()).await;
+            let _ = tcp.shutdown().await;
+            return;
+        }
     }
     let refusal = if target.ends_with("/register") {
         gate.refuse_register.load(Ordering::SeqCst)

@@ -238,3 +238,28 @@ async fn codex_registrations_are_accepted_and_malformed_ones_are_named() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A harness (`exec-server run --remote`) waits out a registry that answers `connect` with
+/// 503 and `Retry-After`, as the operations guide says harnesses do, and then runs.
+#[tokio::test]
+async fn run_remote_waits_out_a_busy_registry() {
+    let rdv = start_rendezvous(None).await;
+    let _executor = start_executor(&rdv.url, "env-busy");
+    drop(connect(harness_args(&rdv.url, "env-busy")).await);
+    let gate = start_gate(&rdv.direct).await;
+    gate.busy_connects.store(2, Ordering::SeqCst);
+    let (code, stdout, stderr) = run_remote(&gate.url, "env-busy", &[], &["echo", "via"]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout, "via\n");
+    assert!(
+        gate.connects.load(Ordering::SeqCst) >= 3,
+        "two busy answers, then a bundle"
+    );
+
+    // Without a wait the harness fails at once with the registry's answer.
+    gate.busy_connects.store(1, Ordering::SeqCst);
+    let error = connect_relay(harness_args(&gate.url, "env-busy"))
+        .await
+        .expect_err("busy, and not waited for");
+    assert!(error.to_string().contains("503"), "{error}");
+}

@@ -78,6 +78,9 @@ pub struct RelayConnectArgs {
     /// registry and the `wss` rendezvous socket (`relay.ca_file`, `--ca-file`).
     pub ca_file: Option<PathBuf>,
     pub allow_insecure: bool,
+    /// Wait out a registry that answers `connect` with 503 or 429 for its `Retry-After`
+    /// ([`crate::busy`]); on by default. A caller with its own retry loop turns it off.
+    pub retry_busy_registry: bool,
     pub bundle_provider: Option<Arc<dyn RelayBundleProvider>>,
     /// Test hooks: the relay's fixed timing values.
     pub timing: Timing,
@@ -109,6 +112,7 @@ impl RelayConnectArgs {
             resume_grace: Duration::from_secs(30),
             ca_file: None,
             allow_insecure: false,
+            retry_busy_registry: true,
             bundle_provider: None,
             timing: Timing::default(),
             link_timing: LinkTiming::default(),
@@ -117,7 +121,10 @@ impl RelayConnectArgs {
     }
 }
 
-struct HttpBundles(RegistryClient);
+struct HttpBundles {
+    registry: RegistryClient,
+    retry_busy: bool,
+}
 
 #[async_trait]
 impl RelayBundleProvider for HttpBundles {
@@ -126,7 +133,20 @@ impl RelayBundleProvider for HttpBundles {
         environment_id: &str,
         harness_key: &NoisePublicKey,
     ) -> Result<ConnectBundle, RelayError> {
-        Ok(self.0.connect(environment_id, harness_key).await?)
+        // A registry at its capacity (`store_unavailable`, `rate_limited`) is waited for.
+        let mut busy = crate::busy::BusyRetries::default();
+        loop {
+            match self.registry.connect(environment_id, harness_key).await {
+                Err(error) if self.retry_busy => {
+                    let status = error.status().unwrap_or(0);
+                    match busy.next_wait(status, error.retry_after()) {
+                        Some(wait) => tokio::time::sleep(wait).await,
+                        None => return Err(error.into()),
+                    }
+                }
+                other => return Ok(other?),
+            }
+        }
     }
 }
 
@@ -195,13 +215,16 @@ fn base_client(
     }
     let base = BaseUrl::parse(&args.registry_url, args.allow_insecure)
         .map_err(|e| RelayError::Config(e.to_string()))?;
-    Ok(Arc::new(HttpBundles(RegistryClient::with_trust(
-        base,
-        args.bearer_token.clone(),
-        args.request_timeout,
-        args.allow_insecure,
-        trust,
-    ))))
+    Ok(Arc::new(HttpBundles {
+        registry: RegistryClient::with_trust(
+            base,
+            args.bearer_token.clone(),
+            args.request_timeout,
+            args.allow_insecure,
+            trust,
+        ),
+        retry_busy: args.retry_busy_registry,
+    }))
 }
 
 /// The connect bundle and the harness key it was issued for. A harness without a fixed

@@ -17,9 +17,11 @@
 //! * [`link`] — one physical WebSocket to the rendezvous: limits, writer queues, Ping/Pong.
 //! * [`endpoint`] — registry and rendezvous URLs, environment ids and their encoding.
 //! * [`registry`] — the registry HTTP client (`register`, `connect`, `validate`).
+//! * [`busy`] — waiting for a server that answers `503`/`429` (`Retry-After`).
 //! * [`tls`] — the TLS configuration of `https` registries and `wss` rendezvous sockets.
 //! * [`harness`] — the harness connector ([`harness::connect_relay`]).
 
+pub mod busy;
 pub mod driver;
 pub mod endpoint;
 pub mod harness;

@@ -36,7 +36,7 @@ pub enum RegistryError {
     Timeout,
     #[error("relay registry answered with a redirect ({0}), which is not followed")]
     Redirect(u16),
-    #[error("relay registry answered {status}{}: {message}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default())]
+    #[error("relay registry answered {status}{}: {}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default(), status_meaning(*.status, .message))]
     Status {
         status: u16,
         code: Option<String>,
@@ -45,6 +45,23 @@ pub enum RegistryError {
     },
     #[error("{0}")]
     BadResponse(String),
+}
+
+/// The registry's own message, or what the status means when it sent none (an empty
+/// `registry answered 404:` tells nobody anything).
+fn status_meaning(status: u16, message: &str) -> String {
+    if !message.trim().is_empty() {
+        return message.to_owned();
+    }
+    match status {
+        401 => "the bearer token was not accepted (check the token file or variable)".into(),
+        403 => "the token may not make this call for this environment".into(),
+        404 => "no such endpoint or environment: check that the URL is the registry's base URL and that the environment is registered".into(),
+        408 | 504 => "the registry timed out".into(),
+        429 => "too many requests; retry later".into(),
+        500..=599 => "the registry failed; retry later".into(),
+        _ => "no reason given".into(),
+    }
 }
 
 impl RegistryError {
@@ -501,6 +518,29 @@ mod tests {
         assert!(with("url", json!("ws://example.com/x")).is_err());
         assert!(with("executor_registration_id", json!("  ")).is_err());
         assert!(with("harness_key_authorization", json!("a".repeat(4097))).is_err());
+    }
+
+    #[test]
+    fn a_status_without_a_message_says_what_it_means() {
+        let status = |status, message: &str| RegistryError::Status {
+            status,
+            code: None,
+            message: message.into(),
+            retry_after: None,
+        };
+        let not_found = status(404, "").to_string();
+        assert!(
+            not_found.starts_with("relay registry answered 404: no such endpoint or environment"),
+            "{not_found}"
+        );
+        assert!(not_found.contains("registry's base URL"), "{not_found}");
+        assert!(status(401, " ")
+            .to_string()
+            .contains("bearer token was not accepted"));
+        assert_eq!(
+            status(403, "role viewer").to_string(),
+            "relay registry answered 403: role viewer"
+        );
     }
 
     #[test]
