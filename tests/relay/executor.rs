@@ -555,3 +555,47 @@ async fn the_executor_reads_its_bearer_from_stdin() {
     );
     assert!(!stderr.contains(EXECUTOR_TOKEN), "{stderr}");
 }
+
+/// When the rendezvous refuses the executor's socket (here: the URL it signed before a
+/// restart under another key), the executor says why at WARN, with the rendezvous's own
+/// reason, and registers again; the operator does not need the rendezvous's log.
+#[tokio::test]
+async fn a_refused_executor_socket_is_logged_with_its_reason_and_registered_again() {
+    let mut rdv = start_rendezvous(None).await;
+    let mut cmd =
+        crate::util::server_command(&["--remote", &rdv.url, "--environment-id", "env-resigned"]);
+    cmd.env("EXEC_SERVER_RELAY_TOKEN", EXECUTOR_TOKEN)
+        .env("EXEC_SERVER_RELAY__RECONNECT_INITIAL_BACKOFF_MS", "50")
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped());
+    let mut executor = cmd.spawn().expect("spawn executor");
+    let log = capture_stderr(&mut executor);
+    drop(connect(harness_args(&rdv.url, "env-resigned")).await);
+
+    rdv.restart_with_signing_key("ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=")
+        .await;
+    wait_for_log(
+        &log,
+        "the rendezvous refused the upgrade with HTTP 401: ",
+        1,
+    )
+    .await;
+    let text = log.lock().unwrap().clone();
+    let line = text
+        .lines()
+        .find(|l| l.contains("refused the upgrade with HTTP 401"))
+        .unwrap();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("registering again"), "{line}");
+    assert!(
+        line.contains("HTTP 401: invalid_signature"),
+        "the rendezvous's reason is shown: {line}"
+    );
+    // It registered again under the new key and serves.
+    let mut client = RelayClient::open(harness_args(&rdv.url, "env-resigned")).await;
+    assert_eq!(
+        client.call("environment/status", json!({})).await["status"],
+        "ready"
+    );
+}

@@ -58,8 +58,14 @@ impl Rendezvous {
     /// Kills the service (SIGKILL: every socket and all its state are lost) and starts it
     /// again on the same address with the same configuration and signing key.
     pub(crate) async fn restart(&mut self) {
+        self.restart_with_signing_key(TEST_SIGNING_KEY).await;
+    }
+
+    /// [`Rendezvous::restart`] with another signing key: every URL and authorization it
+    /// signed before is refused afterwards.
+    pub(crate) async fn restart_with_signing_key(&mut self, key: &str) {
         self.child.kill().await.unwrap();
-        let (child, url, log) = spawn_rendezvous(&self.args, self.capture_log).await;
+        let (child, url, log) = spawn_rendezvous_keyed(&self.args, self.capture_log, key).await;
         assert_eq!(url, self.url);
         self.child = child;
         if self.capture_log {
@@ -158,18 +164,26 @@ role = "harness"
     }
 }
 
+/// The signing key (base64) of the tests' rendezvous services.
+const TEST_SIGNING_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
 /// Starts `exec-server <args>` with the tests' signing key: the child, its first stdout
 /// line (the URL) and its stderr when `capture_log`.
 async fn spawn_rendezvous(
     args: &[String],
     capture_log: bool,
 ) -> (Child, String, Arc<Mutex<String>>) {
+    spawn_rendezvous_keyed(args, capture_log, TEST_SIGNING_KEY).await
+}
+
+async fn spawn_rendezvous_keyed(
+    args: &[String],
+    capture_log: bool,
+    signing_key: &str,
+) -> (Child, String, Arc<Mutex<String>>) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cmd = server_command(&args);
-    cmd.env(
-        "EXEC_SERVER_RENDEZVOUS_SIGNING_KEY",
-        "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
-    );
+    cmd.env("EXEC_SERVER_RENDEZVOUS_SIGNING_KEY", signing_key);
     let mut log = Arc::new(Mutex::new(String::new()));
     if capture_log {
         cmd.env("RUST_LOG", "warn")

@@ -395,3 +395,25 @@ async fn reqwest_free_post(base: &str, environment: &str) -> u16 {
         .and_then(|code| code.parse().ok())
         .unwrap_or(0)
 }
+
+/// A public URL naming this machine on another port than the listener's is warned about at
+/// start (right only with a local proxy); the service still starts.
+#[tokio::test]
+async fn a_public_url_on_another_local_port_is_warned_about() {
+    let mut cmd = crate::util::server_command(&[
+        "rendezvous",
+        "--insecure-no-auth",
+        "--listen",
+        "http://127.0.0.1:0",
+        "--public-url",
+        "http://127.0.0.1:9",
+    ]);
+    cmd.env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let log = super::fixtures::capture_stderr(&mut child);
+    super::fixtures::wait_for_log(&log, "another port than the listener's", 1).await;
+    assert!(log.lock().unwrap().contains("WARN"));
+    assert!(child.try_wait().unwrap().is_none(), "it still serves");
+}

@@ -425,6 +425,13 @@ async fn rendezvous_tls_misconfigurations_are_start_up_errors_that_say_why() {
             format!("invalid config: rendezvous.tls_key_file {other_key} is not the private key of the certificate in rendezvous.tls_cert_file {cert}"),
         ),
         (
+            vec![
+                "--listen", https, "--tls-cert-file", &cert, "--tls-key-file", &key,
+                "--public-url", "http://127.0.0.1:8700",
+            ],
+            "rendezvous.public_url is `http://127.0.0.1:8700`, but the listener serves TLS itself (https)".into(),
+        ),
+        (
             vec!["--listen", https, "--tls-cert-file", &cert, "--tls-key-file", &open_key],
             format!("invalid config: rendezvous.tls_key_file {open_key} is readable or writable by group or others (mode 0644)"),
         ),

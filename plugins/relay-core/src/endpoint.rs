@@ -156,6 +156,16 @@ impl BaseUrl {
         self.url.scheme() == "https"
     }
 
+    /// The port it names, or its scheme's (80, 443).
+    pub fn port(&self) -> Option<u16> {
+        self.url.port_or_known_default()
+    }
+
+    /// True when its host is a loopback address or `localhost`.
+    pub fn is_loopback_host(&self) -> bool {
+        is_loopback(self.url.host())
+    }
+
     /// The base URL as text, without a trailing `/`.
     pub fn redacted(&self) -> String {
         self.url.as_str().trim_end_matches('/').to_owned()

@@ -49,13 +49,64 @@ impl Default for LinkTiming {
 /// Why opening a rendezvous socket failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OpenError {
-    /// The upgrade was answered with this HTTP status.
-    #[error("the rendezvous refused the upgrade with HTTP {0}")]
-    Status(u16),
+    /// The upgrade was answered with this HTTP status, for this reason (the error code and
+    /// message of the rendezvous's JSON body, or the start of its text).
+    #[error("the rendezvous refused the upgrade with HTTP {status}: {reason}")]
+    Status { status: u16, reason: String },
     #[error("the rendezvous upgrade timed out")]
     Timeout,
     #[error("cannot reach the rendezvous: {0}")]
     Other(String),
+}
+
+/// Most characters of a refusal's reason kept for a log line.
+const REFUSAL_REASON_CHARS: usize = 200;
+
+/// The header in which a rendezvous names why it refused a socket (CODEX-0169 §4.3).
+const REJECTION_REASON_HEADER: &str = "x-codex-rendezvous-rejection-reason";
+
+/// Why an upgrade was refused: the rendezvous's rejection-reason header, else `code:
+/// message` of a JSON `{"error": {...}}` body, else the start of the text; printable,
+/// bounded.
+fn refusal_reason(
+    headers: &tokio_tungstenite::tungstenite::http::HeaderMap,
+    body: &[u8],
+) -> String {
+    let header = headers
+        .get(REJECTION_REASON_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .filter(|text| !text.trim().is_empty());
+    if let Some(reason) = header {
+        let reason: String = reason.trim().chars().take(REFUSAL_REASON_CHARS).collect();
+        return exec_server_proto::log_text::printable(&reason);
+    }
+    let error = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|value| value.get("error").cloned());
+    let text = match error {
+        Some(error) => {
+            let field = |name: &str| {
+                error
+                    .get(name)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let (code, message) = (field("code"), field("message"));
+            match (code.is_empty(), message.is_empty()) {
+                (false, false) => format!("{code}: {message}"),
+                (false, true) => code,
+                _ => message,
+            }
+        }
+        None => String::from_utf8_lossy(body).trim().to_owned(),
+    };
+    let text: String = text.chars().take(REFUSAL_REASON_CHARS).collect();
+    if text.is_empty() {
+        "no reason given".into()
+    } else {
+        exec_server_proto::log_text::printable(&text)
+    }
 }
 
 /// Opens a rendezvous WebSocket (binary only, 256 KiB limit, no compression, no Nagle),
@@ -72,7 +123,13 @@ pub async fn open(url: &str, timeout: Duration, trust: &TlsTrust) -> Result<Clie
     match tokio::time::timeout(timeout, connect).await {
         Err(_) => Err(OpenError::Timeout),
         Ok(Ok((ws, _))) => Ok(ws),
-        Ok(Err(WsError::Http(response))) => Err(OpenError::Status(response.status().as_u16())),
+        Ok(Err(WsError::Http(response))) => Err(OpenError::Status {
+            status: response.status().as_u16(),
+            reason: refusal_reason(
+                response.headers(),
+                response.body().as_deref().unwrap_or_default(),
+            ),
+        }),
         Ok(Err(e)) => Err(OpenError::Other(e.to_string())),
     }
 }

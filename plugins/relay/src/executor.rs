@@ -355,7 +355,17 @@ impl Executor {
                         backoff.reset();
                     }
                 }
-                Err(OpenError::Status(401 | 403 | 404 | 410)) => must_register = true,
+                Err(
+                    e @ OpenError::Status {
+                        status: 401 | 403 | 404 | 410,
+                        ..
+                    },
+                ) => {
+                    // Often a mismatch of the rendezvous's public URL and its listener:
+                    // say so here, not only in the rendezvous's own log.
+                    tracing::warn!("{e}; registering again");
+                    must_register = true;
+                }
                 Err(e) => tracing::warn!("{e}"),
             }
             if shutdown.is_cancelled() {

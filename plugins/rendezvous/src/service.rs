@@ -111,6 +111,10 @@ pub enum StartError {
     Insecure(SocketAddr),
     #[error("rendezvous.public_url {problem}, got `{url}`")]
     PublicUrl { url: String, problem: UrlError },
+    #[error(
+        "rendezvous.public_url is `{0}`, but the listener serves TLS itself (https): executors and harnesses would be handed ws:// URLs it refuses; give the public URL as https://"
+    )]
+    PublicUrlWithoutTls(String),
     #[error("invalid config: rendezvous.signing_key_file {0}")]
     SigningKeyFile(String),
     #[error(transparent)]
@@ -192,6 +196,27 @@ fn listener_tls(
     }
 }
 
+/// Refuses a public URL that cannot reach this listener for a reason no proxy explains (a
+/// TLS listener announced as `http://`), and warns of one that names this machine's
+/// loopback on another port than the listener's (right only with a local proxy).
+fn check_public_url_reaches(
+    url: &BaseUrl,
+    tls: bool,
+    listener: SocketAddr,
+) -> Result<(), StartError> {
+    if tls && !url.is_tls() {
+        return Err(StartError::PublicUrlWithoutTls(url.redacted()));
+    }
+    if url.is_loopback_host() && url.port() != Some(listener.port()) {
+        tracing::warn!(
+            public_url = %url,
+            listener = %listener,
+            "rendezvous.public_url names this machine on another port than the listener's: registrations hand out URLs nothing answers unless a proxy here forwards that port"
+        );
+    }
+    Ok(())
+}
+
 /// `rendezvous.public_url` (§8.9): `http(s)://`, host, optional port and path prefix, no
 /// query or fragment, trailing `/` removed.
 fn parse_public_url(url: &str) -> Result<BaseUrl, StartError> {
@@ -262,7 +287,10 @@ pub async fn start(
     let local_addr = listener.local_addr().map_err(StartError::LocalAddr)?;
     let base_path = config.base_path.trim_end_matches('/').to_owned();
     let public = match public_url {
-        Some(url) => url,
+        Some(url) => {
+            check_public_url_reaches(&url, tls.is_some(), local_addr)?;
+            url
+        }
         None => {
             let scheme = if tls.is_some() { "https" } else { "http" };
             parse_public_url(&format!("{scheme}://{local_addr}{base_path}"))?
