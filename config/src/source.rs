@@ -189,10 +189,19 @@ impl ConfigSource {
         self.figment.contains(key)
     }
 
-    /// ` (from …)` for the layer that set `key`, or ` (default)` if none did.
+    /// ` (from …)` for the layer that set `key`, or ` (default)` if none did. A key inside
+    /// an array (`rendezvous.tokens.0.sha256`) is blamed on the layer that set the array:
+    /// arrays come whole from one layer.
     pub fn origin(&self, key: &str) -> String {
-        match self.figment.find_metadata(key) {
-            Some(metadata) => describe(metadata, key),
+        let in_array = key
+            .split('.')
+            .position(|part| part.parse::<usize>().is_ok());
+        let owner = match in_array {
+            Some(index) => key.split('.').take(index).collect::<Vec<_>>().join("."),
+            None => key.to_owned(),
+        };
+        match self.figment.find_metadata(&owner) {
+            Some(metadata) => describe(metadata, &owner),
             None => " (default)".to_owned(),
         }
     }

@@ -46,10 +46,32 @@ async fn registry_bearer_tokens_and_connect_answers() {
         403
     );
     assert_eq!(status_of(executor.connect("env-tokens", &key).await), 403);
+    // A 403 says which rule refused: the role, or the environment patterns.
+    let wrong_role = harness
+        .register("env-tokens", &key, None)
+        .await
+        .unwrap_err();
+    assert!(
+        wrong_role
+            .to_string()
+            .contains("this token's role is `harness`, and this call needs `executor`"),
+        "{wrong_role}"
+    );
     // The executor token only covers `env-*`.
     assert_eq!(
         status_of(executor.register("other-1", &key, None).await),
         403
+    );
+    let elsewhere = executor.register("other-1", &key, None).await.unwrap_err();
+    assert!(
+        elsewhere
+            .to_string()
+            .contains("environments patterns do not match this environment"),
+        "{elsewhere}"
+    );
+    assert!(
+        !elsewhere.to_string().contains("env-*"),
+        "the patterns stay unsaid: {elsewhere}"
     );
     // connect: never registered → 404; registered, never attached → 503 + Retry-After: 1.
     let error = harness.connect("env-tokens", &key).await.unwrap_err();

@@ -417,3 +417,33 @@ async fn a_public_url_on_another_local_port_is_warned_about() {
     assert!(log.lock().unwrap().contains("WARN"));
     assert!(child.try_wait().unwrap().is_none(), "it still serves");
 }
+
+/// A token digest pasted as a whole `sha256sum` line is recognised, and the error is blamed
+/// on the file that holds it (a key inside an array used to read "(default)").
+#[tokio::test]
+async fn a_pasted_sha256sum_line_is_named_with_its_file() {
+    let digest = super::fixtures::sha256_hex("some-token");
+    let config = crate::util::config_file(&format!(
+        "[[rendezvous.tokens]]\nname = \"a\"\nrole = \"harness\"\nsha256 = \"{digest}  -\"\n"
+    ));
+    let path = config.to_str().unwrap();
+    let mut cmd = crate::util::server_command(&[
+        "rendezvous",
+        "--config",
+        path,
+        "--listen",
+        "http://127.0.0.1:0",
+    ]);
+    cmd.stderr(std::process::Stdio::piped());
+    let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("rendezvous.tokens.0.sha256 must be 64 hex digits; this looks like a whole `sha256sum` line"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("(from {path})")), "{stderr}");
+}

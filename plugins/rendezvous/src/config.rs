@@ -28,6 +28,17 @@ pub enum TokenRole {
     Any,
 }
 
+impl TokenRole {
+    /// The name a configuration gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Executor => "executor",
+            Self::Harness => "harness",
+            Self::Any => "any",
+        }
+    }
+}
+
 /// One `[[rendezvous.tokens]]` entry.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,6 +159,18 @@ impl Default for RendezvousConfig {
 /// Largest accepted lifetime or time-out in seconds (ten years).
 const MAX_LIFETIME_SECS: u64 = 10 * 365 * 24 * 3600;
 
+/// What is wrong with a token digest that is not 64 hex digits; a pasted `sha256sum` line
+/// (`<digest>  -` or `<digest>  file`) is recognised and the fix named.
+fn sha256_problem(text: &str) -> &'static str {
+    let first = text.split_whitespace().next().unwrap_or_default();
+    let digest_first = first.len() == 64 && first.bytes().all(|b| b.is_ascii_hexdigit());
+    if digest_first && first.len() < text.trim_end().len() {
+        "must be 64 hex digits; this looks like a whole `sha256sum` line: keep only the 64 hex digits before the spaces"
+    } else {
+        "must be 64 hex digits (the SHA-256 of the token, as `printf %s TOKEN | sha256sum` prints it)"
+    }
+}
+
 impl RendezvousConfig {
     pub fn load(source: &ConfigSource) -> Result<Self, ConfigError> {
         let config: RendezvousConfig = source.section("rendezvous")?;
@@ -242,7 +265,7 @@ impl RendezvousConfig {
             if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(source.invalid(
                     &format!("rendezvous.tokens.{i}.sha256"),
-                    "must be 64 hex digits",
+                    sha256_problem(&token.sha256),
                 ));
             }
             let limits = [

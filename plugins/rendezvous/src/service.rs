@@ -639,14 +639,26 @@ impl Service {
             return Err(unauthorized());
         };
         let role_ok = entry.role == TokenRole::Any || entry.role == needs;
-        if !role_ok || !environment_matches(&entry.environments, id) {
-            tracing::info!(token = %entry.name, "token not allowed for this call");
+        let environment_ok = environment_matches(&entry.environments, id);
+        if !role_ok || !environment_ok {
+            // Which rule refused it: the caller holds this token, so its own role and
+            // patterns are no secret to it.
+            let why = if role_ok {
+                "this token's environments patterns do not match this environment".to_owned()
+            } else {
+                format!(
+                    "this token's role is `{}`, and this call needs `{}`",
+                    entry.role.name(),
+                    needs.name()
+                )
+            };
+            tracing::info!(token = %entry.name, reason = %why, "token not allowed for this call");
             return Err(error_for(
                 Some(&entry.name),
                 id,
                 StatusCode::FORBIDDEN,
                 "forbidden",
-                "this token does not allow this call",
+                &why,
             ));
         }
         Ok(entry)
