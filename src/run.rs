@@ -11,6 +11,7 @@
 //! session lost, request refused), 126 when the command cannot be executed, 127 when it
 //! is not found; otherwise the command's own code (128 + N after signal N).
 
+pub(crate) mod sandbox;
 pub(crate) mod terminal;
 
 use std::collections::BTreeMap;
@@ -106,6 +107,12 @@ pub struct RunArgs {
     /// Do not forward stdin: the command's stdin is at end-of-file from the start.
     #[arg(long)]
     pub no_stdin: bool,
+
+    /// Run the command in the server's sandbox (Landlock, seccomp, namespaces; no
+    /// network): `read-only`, or `workspace-write` (the working directory, /tmp and
+    /// $TMPDIR writable, its .git read-only). docs/PROTOCOL.md "Sandboxes" shows the policy.
+    #[arg(long, value_name = "MODE")]
+    pub sandbox: Option<sandbox::SandboxMode>,
 
     /// The program and its arguments (after `--`).
     #[arg(
@@ -328,6 +335,7 @@ async fn run(args: RunArgs, config: Option<&Path>) -> Result<u8, Failure> {
         None
     };
     let forward_stdin = !args.no_stdin && !terminal::stdin_is_null();
+    let sandbox = args.sandbox.map(|mode| mode.policy(&cwd.to_string()));
     let params = StartParams {
         process_id: ExecServerClient::new_process_id(),
         argv: args.command.clone(),
@@ -343,7 +351,7 @@ async fn run(args: RunArgs, config: Option<&Path>) -> Result<u8, Failure> {
             set: BTreeMap::new(),
             include_only: Vec::new(),
         }),
-        sandbox: None,
+        sandbox,
         size: size.map(|(rows, cols)| TerminalSize { rows, cols }),
         network_proxy: None,
         enforce_managed_network: None,

@@ -26,6 +26,7 @@ mod process_start_errors;
 mod readme;
 mod relay;
 mod run_errors;
+mod run_sandbox;
 mod sandbox;
 mod sandbox_reuse;
 mod search;

@@ -1,0 +1,104 @@
+//! `exec-server run --sandbox MODE`: the presets a user can try the sandbox with, enforced
+//! by the kernel on a real server.
+
+use crate::client::{run_command, run_output};
+use crate::util::server_bin;
+
+fn stdio_server() -> String {
+    format!("{} --listen stdio", server_bin().display())
+}
+
+#[tokio::test]
+async fn read_only_writes_nothing_and_workspace_write_writes_only_the_workspace() {
+    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let workspace = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (outside_dir, workspace_dir) = (
+        outside.path().display().to_string(),
+        workspace.path().display().to_string(),
+    );
+    let server = stdio_server();
+    let script = format!(
+        "echo in > {workspace_dir}/made; echo out > {outside_dir}/made; cat {workspace_dir}/made"
+    );
+
+    let read_only = run_output(&mut run_command(&[
+        "--stdio",
+        &server,
+        "--sandbox",
+        "read-only",
+        "--cwd",
+        &workspace_dir,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]))
+    .await;
+    assert!(
+        !workspace.path().join("made").exists(),
+        "read-only wrote the workspace"
+    );
+    assert!(
+        !outside.path().join("made").exists(),
+        "read-only wrote outside"
+    );
+    assert!(
+        String::from_utf8_lossy(&read_only.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&read_only.stderr)
+    );
+
+    let write = run_output(&mut run_command(&[
+        "--stdio",
+        &server,
+        "--sandbox",
+        "workspace-write",
+        "--cwd",
+        &workspace_dir,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]))
+    .await;
+    assert_eq!(String::from_utf8_lossy(&write.stdout), "in\n");
+    assert!(workspace.path().join("made").exists());
+    assert!(
+        !outside.path().join("made").exists(),
+        "workspace-write wrote outside"
+    );
+
+    // Without --sandbox the same script writes both.
+    let open = run_output(&mut run_command(&[
+        "--stdio",
+        &server,
+        "--cwd",
+        &workspace_dir,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]))
+    .await;
+    assert_eq!(open.status.code(), Some(0));
+    assert!(outside.path().join("made").exists());
+}
+
+#[tokio::test]
+async fn an_unknown_mode_is_a_usage_error_that_lists_the_modes() {
+    let out = run_output(&mut run_command(&[
+        "--stdio",
+        "true",
+        "--sandbox",
+        "strict",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("read-only") && stderr.contains("workspace-write"),
+        "{stderr}"
+    );
+}
