@@ -11,6 +11,7 @@ mod client_in_process;
 mod codex;
 mod config;
 mod dependencies;
+mod deploy;
 mod docs;
 mod environment;
 mod environment_config;

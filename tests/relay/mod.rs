@@ -18,4 +18,4 @@ mod redis_nodes;
 mod registry;
 mod rendezvous;
 mod semantics;
-mod tls;
+pub(crate) mod tls;

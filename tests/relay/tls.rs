@@ -124,18 +124,18 @@ async fn refused_registry_urls_are_start_up_errors_that_say_why() {
 // ---- the rendezvous serving TLS itself, and a CA file on the other end -------------------
 
 /// A test CA and the files of a server certificate it issued.
-pub(super) struct Pki {
+pub(crate) struct Pki {
     _dir: tempfile::TempDir,
     /// The CA certificate (PEM), what `relay.ca_file` points at.
-    pub(super) ca: PathBuf,
+    pub(crate) ca: PathBuf,
     /// The server's certificate chain and its key (mode 0600).
-    pub(super) cert: PathBuf,
-    pub(super) key: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 impl Pki {
     /// A CA, and a server certificate it issued for `names` (DNS names or IP addresses).
-    pub(super) fn issue(names: &[&str]) -> Self {
+    pub(crate) fn issue(names: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
