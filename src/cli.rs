@@ -87,6 +87,10 @@ pub enum Command {
     Methods,
     /// Print the effective configuration (secrets redacted) as TOML.
     Config,
+    /// Check this host the way the server will use it (sandbox layers, namespaces,
+    /// limits, clock, a configured Redis store and TLS files): one line per check with
+    /// what it means and the fix; status 1 when something configured cannot work.
+    Doctor,
     /// Run a command on a server as if it were local: live output, stdin forwarded,
     /// `--tty` for a terminal, the remote exit code as the exit code.
     Run(crate::run::RunArgs),

@@ -18,6 +18,7 @@
 //!   with its own `main` calls it first.
 
 pub mod cli;
+pub mod doctor;
 pub mod run;
 
 pub use exec_server_core::hygiene::harden_process;
@@ -105,6 +106,18 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
             command: Some(cli::Command::Man),
             ..
         } => return cli::print_man_page(),
+        parsed @ cli::Cli {
+            command: Some(cli::Command::Doctor),
+            ..
+        } => {
+            return match parsed.overrides() {
+                Ok(overrides) => doctor::main(parsed.config.as_deref(), overrides),
+                Err(error) => {
+                    eprintln!("{error}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            }
+        }
         cli::Cli {
             command: Some(cli::Command::Run(run)),
             config,
@@ -145,7 +158,12 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
     match cli.command {
         Some(cli::Command::Methods) => Ok(print_methods(&source, &core)?),
         Some(cli::Command::Config) => Ok(print_config(&source, &core)?),
-        Some(cli::Command::Run(_) | cli::Command::Completions { .. } | cli::Command::Man) => {
+        Some(
+            cli::Command::Run(_)
+            | cli::Command::Doctor
+            | cli::Command::Completions { .. }
+            | cli::Command::Man,
+        ) => {
             unreachable!("dispatched before start-up")
         }
         Some(cli::Command::Rendezvous {

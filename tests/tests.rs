@@ -13,6 +13,7 @@ mod config;
 mod dependencies;
 mod deploy;
 mod docs;
+mod doctor;
 mod environment;
 mod environment_config;
 mod escape;

@@ -37,8 +37,8 @@ pub mod router;
 pub mod service;
 pub mod signing;
 pub mod store;
-mod store_url;
-mod tls;
+pub mod store_url;
+pub mod tls;
 mod tokens;
 
 pub use router::RouterTiming;
