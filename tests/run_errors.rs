@@ -213,3 +213,26 @@ async fn a_second_interrupt_kills_a_command_that_ignores_the_first() {
         .unwrap();
     assert_eq!(status.code(), Some(137), "killed (128 + SIGKILL)");
 }
+
+const ECHOING: &str = "HTTP/1.1 401 Unauthorized\r\nContent-Length: 52\r\nConnection: close\r\n\r\nrefused: Authorization: Bearer run-errors-echo-token";
+
+#[tokio::test]
+async fn a_token_the_server_echoes_back_is_not_printed() {
+    let server = WsServer::start(&[]).await;
+    let (front, _) = busy_front(server.url.clone(), ECHOING, usize::MAX).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(&dir, "run-errors-echo-token");
+    let out = run_output(&mut run_command(&[
+        "--url",
+        &front,
+        "--token-file",
+        &token,
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("Bearer <redacted>"), "{stderr}");
+    assert!(!stderr.contains("run-errors-echo-token"), "{stderr}");
+}

@@ -537,6 +537,23 @@ impl ExecServerClient {
         })
     }
 
+    /// `fs/writeBlock`: `data` at `offset` of a handle opened with mode `replace`. Not
+    /// repeated after a reconnect (the handle belonged to the lost connection).
+    pub async fn fs_write_block(
+        &self,
+        handle_id: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ExecServerError> {
+        let params = serde_json::json!({
+            "handleId": handle_id,
+            "offset": offset,
+            "chunk": encode_base64(data),
+        });
+        let _: Empty = self.request(fs::WRITE_BLOCK, &params, Retry::Once).await?;
+        Ok(())
+    }
+
     /// `fs/close`.
     pub async fn fs_close(&self, handle_id: &str) -> Result<(), ExecServerError> {
         let params = CloseParams {

@@ -277,7 +277,11 @@ impl WebSocketTransport {
                 .and_then(parse_retry_after);
             let Some(wait) = busy.next_wait(status, retry_after) else {
                 let body = response.body().as_deref().unwrap_or_default();
-                let body = String::from_utf8_lossy(body);
+                let mut body = String::from_utf8_lossy(body).into_owned();
+                // A server that echoes the request back would print our credential.
+                if let Some(token) = &self.bearer_token {
+                    body = body.replace(token.as_str(), "<redacted>");
+                }
                 let body: String = body.trim().chars().take(REFUSAL_BODY_CHARS).collect();
                 return Err(ExecServerError::Refused {
                     url: self.url.clone(),

@@ -141,6 +141,12 @@ pub enum SecretFileError {
         mode: u32,
     },
     TooLarge,
+    /// Not a regular file (a FIFO would block the reader, a device is no secret).
+    NotRegular,
+    /// Owned by another user than the one reading it: whoever owns it chooses the secret.
+    NotOwned {
+        owner: u32,
+    },
     Io(std::io::Error),
 }
 
@@ -157,6 +163,17 @@ impl SecretFileError {
                 "{} is larger than {MAX_SECRET_FILE_BYTES} bytes; it cannot be a token or key file",
                 path.display()
             ),
+            Self::NotRegular => format!(
+                "{} is not a regular file; a token or key file must be one",
+                path.display()
+            ),
+            Self::NotOwned { owner } => format!(
+                "{} belongs to user {owner}, not to the user reading it ({}); fix it with `chown {} {}`",
+                path.display(),
+                rustix::process::geteuid().as_raw(),
+                rustix::process::geteuid().as_raw(),
+                path.display()
+            ),
             Self::Io(e) => format!("{} cannot be read: {e}", path.display()),
         }
     }
@@ -166,13 +183,24 @@ impl SecretFileError {
 /// target's mode is what protects the secret).
 pub fn check_secret_file_mode(path: &Path) -> Result<(), SecretFileError> {
     let metadata = std::fs::metadata(path).map_err(SecretFileError::Io)?;
-    check_mode(metadata.permissions().mode())
+    check_secret_metadata(&metadata)
 }
 
-fn check_mode(mode: u32) -> Result<(), SecretFileError> {
-    let mode = mode & 0o7777;
+/// A secret file is a regular file of the reading user that only that user may read or
+/// write.
+fn check_secret_metadata(metadata: &std::fs::Metadata) -> Result<(), SecretFileError> {
+    use std::os::unix::fs::MetadataExt as _;
+    if !metadata.is_file() {
+        return Err(SecretFileError::NotRegular);
+    }
+    let mode = metadata.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(SecretFileError::TooOpen { mode });
+    }
+    if metadata.uid() != rustix::process::geteuid().as_raw() {
+        return Err(SecretFileError::NotOwned {
+            owner: metadata.uid(),
+        });
     }
     Ok(())
 }
@@ -180,9 +208,15 @@ fn check_mode(mode: u32) -> Result<(), SecretFileError> {
 /// Reads a token or key file: the mode is checked on the opened file, so the file read is
 /// the file checked.
 pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretFileError> {
-    let file = std::fs::File::open(path).map_err(SecretFileError::Io)?;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Non-blocking, so that opening a FIFO returns at once and is then refused.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .map_err(SecretFileError::Io)?;
     let metadata = file.metadata().map_err(SecretFileError::Io)?;
-    check_mode(metadata.permissions().mode())?;
+    check_secret_metadata(&metadata)?;
     let mut bytes = Vec::new();
     file.take(MAX_SECRET_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -276,6 +310,52 @@ mod tests {
         ));
         let error = read_secret_file(Path::new("/nonexistent/token")).unwrap_err();
         assert!(matches!(error, SecretFileError::Io(_)));
+    }
+
+    #[test]
+    fn a_fifo_is_refused_at_once_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("token");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        // Without a writer, a blocking open would never return.
+        assert!(matches!(
+            read_secret_file(&fifo),
+            Err(SecretFileError::NotRegular)
+        ));
+        assert!(matches!(
+            check_secret_file_mode(&fifo),
+            Err(SecretFileError::NotRegular)
+        ));
+        let text = SecretFileError::NotRegular.describe(&fifo);
+        assert!(text.contains("not a regular file"), "{text}");
+    }
+
+    #[test]
+    fn a_file_of_another_user_is_refused_with_the_fix() {
+        let path = file_with_mode("tok", 0o600);
+        let me = rustix::process::geteuid();
+        if !me.is_root() {
+            // Only root can give a file away; the rule is the same for every reader.
+            return;
+        }
+        std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+        let error = read_secret_file(&path).unwrap_err();
+        assert!(
+            matches!(error, SecretFileError::NotOwned { owner: 65534 }),
+            "{error:?}"
+        );
+        let text = error.describe(&path);
+        assert!(
+            text.contains("belongs to user 65534") && text.contains("chown 0 "),
+            "{text}"
+        );
     }
 
     #[test]

@@ -103,7 +103,9 @@ fn capture(names: &[OsString]) {
             .unwrap_or_else(|raw| String::from_utf8_lossy(raw.as_encoded_bytes()).into_owned());
         let key = name.to_string_lossy().into_owned();
         let key = if key.len() > ENV_PREFIX.len()
-            && key[..ENV_PREFIX.len()].eq_ignore_ascii_case(ENV_PREFIX)
+            && key
+                .get(..ENV_PREFIX.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(ENV_PREFIX))
             && key.contains(ENV_SEPARATOR)
         {
             key.to_ascii_uppercase()

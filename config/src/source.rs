@@ -247,13 +247,19 @@ impl ConfigSource {
                 let key = path.join(".");
                 let origin = self.origin(&key);
                 let parent = path[..path.len() - 1].join(".");
+                // The key is the file's text: shown whole up to a bound.
+                let shown = if key.chars().nth(SHOWN_KEY_CHARS).is_some() {
+                    format!("{}…", key.chars().take(SHOWN_KEY_CHARS).collect::<String>())
+                } else {
+                    key.clone()
+                };
                 let hint = crate::suggest::did_you_mean(
                     &parent,
                     field,
                     expected.iter().copied(),
                     origin.contains("environment variable"),
                 );
-                ConfigError(format!("invalid config: unknown key {key}{origin}{hint}"))
+                ConfigError(format!("invalid config: unknown key {shown}{origin}{hint}"))
             }
             kind => {
                 let key = path.join(".");
@@ -355,11 +361,19 @@ fn variable_setting(key: &str) -> String {
     let below = format!("{name}{}", crate::variables::ENV_SEPARATOR);
     let mut found: Vec<String> = std::env::vars_os()
         .filter_map(|(var, _)| var.into_string().ok())
-        .filter(|var| var.len() > below.len() && var[..below.len()].eq_ignore_ascii_case(&below))
+        .filter(|var| {
+            var.len() > below.len()
+                && var
+                    .get(..below.len())
+                    .is_some_and(|head| head.eq_ignore_ascii_case(&below))
+        })
         .collect();
     found.sort();
     found.into_iter().next().unwrap_or(name)
 }
+
+/// The most characters of an unknown key an error shows.
+const SHOWN_KEY_CHARS: usize = 200;
 
 fn describe(metadata: &Metadata, key: &str) -> String {
     if let Some(figment::Source::File(path)) = &metadata.source {

@@ -4,13 +4,22 @@
 
 use crate::variables::{config_variable, ENV_SEPARATOR};
 
+/// The longest word a suggestion is looked for.
+const MAX_WORD_BYTES: usize = 64;
+
 /// The candidate nearest to `word` by edit distance, if it is near enough to be a typo:
 /// at most one edit in four letters (and at least one edit allowed). Ties go to the first.
 pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let allowed = (word.chars().count() / 4).max(1);
+    // Keys are short; a long word is no typo of one, and is not worth a distance matrix.
+    if word.len() > MAX_WORD_BYTES {
+        return None;
+    }
+    let length = word.chars().count();
+    let allowed = (length / 4).max(1);
     candidates
         .into_iter()
         .filter(|candidate| *candidate != word)
+        .filter(|candidate| candidate.chars().count().abs_diff(length) <= allowed)
         .map(|candidate| (edit_distance(word, candidate), candidate))
         .filter(|(distance, _)| *distance <= allowed)
         .min_by_key(|(distance, _)| *distance)
@@ -90,6 +99,8 @@ mod tests {
         );
         assert_eq!(nearest("x", ["y"]), Some("y"));
         assert_eq!(nearest("xyz", ["abc"]), None);
+        assert_eq!(nearest(&"a".repeat(5_000_000), ["abc"]), None);
+        assert_eq!(nearest("disabledxxxxxxxxxx", ["disabled"]), None);
     }
 
     #[test]

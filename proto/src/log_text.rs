@@ -10,18 +10,33 @@ pub fn quoted(text: &str) -> String {
     truncated(text).escape_debug().to_string()
 }
 
-/// `text` whole, with control characters and the Unicode line and paragraph separators
-/// escaped (`\n`, `\u{2028}`), and nothing else: for a peer's message printed where a
-/// reader splits lines (a terminal, a log collector), when it must be shown in full.
+/// `text` whole, with control characters, the Unicode line and paragraph separators and
+/// the invisible format characters that reorder or hide text (bidi overrides and isolates,
+/// zero-width characters, tags) escaped (`\n`, `\u{2028}`, `\u{202e}`), and nothing else:
+/// for a peer's message printed where a reader splits lines or reads it (a terminal, a log
+/// collector), when it must be shown in full.
 pub fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| match c {
-            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+        .map(|c| {
+            if c.is_control() || is_invisible_format(c) {
                 c.escape_default().to_string()
+            } else {
+                c.to_string()
             }
-            c => c.to_string(),
         })
         .collect()
+}
+
+/// Separators and format characters a reader does not see but that change what is shown.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c,
+        '\u{2028}' | '\u{2029}'           // line and paragraph separators
+        | '\u{200b}'..='\u{200f}'         // zero-width characters, LRM/RLM
+        | '\u{202a}'..='\u{202e}'         // bidi embeddings and overrides
+        | '\u{2060}'..='\u{206f}'         // word joiner, bidi isolates, invisible operators
+        | '\u{061c}' | '\u{feff}'          // Arabic letter mark, byte order mark
+        | '\u{e0000}'..='\u{e007f}'       // tags
+    )
 }
 
 /// The first [`MAX_QUOTED_BYTES`] of `text` (less, to end on a character): what is worth
@@ -53,6 +68,17 @@ mod tests {
         assert!(!separators.contains('\u{2028}') && !separators.contains('\u{2029}'));
         let printed = printable("a \"b\"\nc\u{2028}d\u{1b}[2J");
         assert_eq!(printed, "a \"b\"\\nc\\u{2028}d\\u{1b}[2J");
+        let spoof = printable("file\u{202e}txt.exe\u{200b}\u{2066}x\u{e0041}");
+        assert!(
+            !spoof.contains('\u{202e}') && !spoof.contains('\u{200b}'),
+            "{spoof}"
+        );
+        assert!(
+            !spoof.contains('\u{2066}') && !spoof.contains('\u{e0041}'),
+            "{spoof}"
+        );
+        assert!(spoof.contains("\\u{202e}"), "{spoof}");
+        assert_eq!(printable("naïve 日本"), "naïve 日本");
         let long = "é".repeat(MAX_QUOTED_BYTES);
         assert_eq!(super::quoted(&long).len(), MAX_QUOTED_BYTES);
     }

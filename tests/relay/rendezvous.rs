@@ -447,3 +447,34 @@ async fn a_pasted_sha256sum_line_is_named_with_its_file() {
     );
     assert!(stderr.contains(&format!("(from {path})")), "{stderr}");
 }
+
+/// `--insecure-no-auth` is for one machine: a public or node URL naming another host means a
+/// proxy publishes the loopback listener, and anyone could register and connect.
+#[tokio::test]
+async fn insecure_no_auth_is_refused_when_published_beyond_this_machine() {
+    for (flag, url) in [
+        ("--public-url", "https://exec.example.com"),
+        ("--node-url", "http://10.0.0.5:8701"),
+    ] {
+        let mut cmd = crate::util::server_command(&[
+            "rendezvous",
+            "--insecure-no-auth",
+            "--listen",
+            "http://127.0.0.1:0",
+            flag,
+            url,
+        ]);
+        cmd.stderr(std::process::Stdio::piped());
+        let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{flag}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("publishes the service beyond this machine") && stderr.contains(url),
+            "{stderr}"
+        );
+        assert!(output.stdout.is_empty());
+    }
+}

@@ -26,12 +26,18 @@ impl BusyRetries {
         if status != 503 && status != 429 {
             return None;
         }
+        // A peer chooses `Retry-After`: any value, up to u64::MAX seconds, must neither
+        // overflow nor be waited for beyond the budget.
         let wait = retry_after.unwrap_or(BUSY_DEFAULT_WAIT);
-        if self.retries >= BUSY_RETRIES || self.waited + wait > BUSY_MAX_WAIT {
+        let waited = self
+            .waited
+            .checked_add(wait)
+            .filter(|w| *w <= BUSY_MAX_WAIT)?;
+        if self.retries >= BUSY_RETRIES {
             return None;
         }
         self.retries += 1;
-        self.waited += wait;
+        self.waited = waited;
         Some(wait)
     }
 }
@@ -61,6 +67,12 @@ mod tests {
         }
         assert_eq!(busy.next_wait(503, None), None, "five retries at most");
         assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
+        // A hostile peer's largest value after a first wait: refused, not an overflow.
+        let mut busy = BusyRetries::default();
+        assert!(busy.next_wait(503, Some(Duration::from_secs(1))).is_some());
+        let huge = parse_retry_after("18446744073709551615");
+        assert_eq!(busy.next_wait(503, huge), None);
+        assert_eq!(busy.next_wait(429, Some(Duration::MAX)), None);
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
     }
 }

@@ -94,11 +94,15 @@ fn is_loopback(host: Option<Host<&str>>) -> bool {
 /// Parses an absolute `http(s)://` or `ws(s)://` URL with a host, no user information and
 /// no fragment.
 fn parse_absolute(text: &str) -> Result<Url, UrlError> {
-    let not_absolute = || UrlError::NotAbsolute(redact_url(text).to_owned());
+    // The text may come from a registry: quoted bounded and escaped.
+    let not_absolute =
+        || UrlError::NotAbsolute(exec_server_proto::log_text::quoted(redact_url(text)));
     let (scheme, rest) = text.split_once("://").ok_or_else(not_absolute)?;
     let scheme = scheme.to_ascii_lowercase();
     if !matches!(scheme.as_str(), "http" | "https" | "ws" | "wss") {
-        return Err(UrlError::UnsupportedScheme(scheme));
+        return Err(UrlError::UnsupportedScheme(
+            exec_server_proto::log_text::quoted(&scheme),
+        ));
     }
     // The URL standard reads `http:///host` as `http://host`; the relay wants the
     // authority where it is written.

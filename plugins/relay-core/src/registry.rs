@@ -335,7 +335,7 @@ impl RegistryClient {
             return Err(RegistryError::Redirect(status));
         }
         if status != 200 {
-            let (code, message) = error_body(&bytes, show_error_body);
+            let (code, message) = error_body(&bytes, show_error_body, self.token.expose());
             return Err(RegistryError::Status {
                 status,
                 code,
@@ -405,7 +405,11 @@ pub fn parse_bundle(
 }
 
 /// `error.code` and a shown message from an error body (§7.6).
-fn error_body(bytes: &[u8], show: bool) -> (Option<String>, String) {
+/// The code and the message of an error answer, as an error may quote them: the message
+/// bounded, with control and invisible characters escaped (a registry's text cannot forge
+/// a log line), and the bearer token this client sent replaced, should the registry echo
+/// the request back.
+fn error_body(bytes: &[u8], show: bool, token: &str) -> (Option<String>, String) {
     let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
     let code = parsed
         .as_ref()
@@ -414,16 +418,15 @@ fn error_body(bytes: &[u8], show: bool) -> (Option<String>, String) {
     if !show {
         return (code, "(body not shown)".into());
     }
-    let text = String::from_utf8_lossy(bytes);
-    let message = if text.len() > MAX_SHOWN_ERROR_BODY {
-        let mut end = MAX_SHOWN_ERROR_BODY;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        format!("{} [truncated]", &text[..end])
-    } else {
-        text.into_owned()
-    };
+    let mut text = String::from_utf8_lossy(bytes).into_owned();
+    if !token.is_empty() {
+        text = text.replace(token, "<redacted>");
+    }
+    let shown = exec_server_proto::log_text::prefix(&text, MAX_SHOWN_ERROR_BODY);
+    let mut message = exec_server_proto::log_text::printable(shown);
+    if shown.len() < text.len() {
+        message.push_str(" [truncated]");
+    }
     (code, message)
 }
 
@@ -560,9 +563,16 @@ mod tests {
         assert!(RegistryError::Timeout.is_retryable());
         assert!(!RegistryError::Redirect(302).is_retryable());
         let long = "x".repeat(5000);
-        let (_, shown) = error_body(long.as_bytes(), true);
+        let (_, shown) = error_body(long.as_bytes(), true, "tok");
         assert!(shown.ends_with(" [truncated]") && shown.len() == 4096 + 12);
-        let (_, hidden) = error_body(b"{\"authz\":\"v1.secret\"}", false);
+        let (_, hidden) = error_body(b"{\"authz\":\"v1.secret\"}", false, "tok");
+        let echoed = b"refused\n2026-01-01T00:00:00Z  INFO forged\necho: Bearer relay-secret-tok";
+        let (_, forged) = error_body(echoed, true, "relay-secret-tok");
+        assert!(
+            !forged.contains('\n') && !forged.contains("relay-secret-tok"),
+            "{forged}"
+        );
+        assert!(forged.contains("Bearer <redacted>"), "{forged}");
         assert!(!hidden.contains("secret"));
         assert!(!format!("{:?}", SecretString::new("tok")).contains("tok"));
     }

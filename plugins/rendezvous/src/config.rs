@@ -162,10 +162,13 @@ const MAX_LIFETIME_SECS: u64 = 10 * 365 * 24 * 3600;
 /// What is wrong with a token digest that is not 64 hex digits; a pasted `sha256sum` line
 /// (`<digest>  -` or `<digest>  file`) is recognised and the fix named.
 fn sha256_problem(text: &str) -> &'static str {
-    let first = text.split_whitespace().next().unwrap_or_default();
+    let trimmed = text.trim();
+    let first = trimmed.split_whitespace().next().unwrap_or_default();
     let digest_first = first.len() == 64 && first.bytes().all(|b| b.is_ascii_hexdigit());
-    if digest_first && first.len() < text.trim_end().len() {
+    if digest_first && first.len() < trimmed.len() {
         "must be 64 hex digits; this looks like a whole `sha256sum` line: keep only the 64 hex digits before the spaces"
+    } else if digest_first {
+        "must be 64 hex digits, without the spaces around them"
     } else {
         "must be 64 hex digits (the SHA-256 of the token, as `printf %s TOKEN | sha256sum` prints it)"
     }

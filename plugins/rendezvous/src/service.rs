@@ -130,6 +130,10 @@ pub enum StartError {
     )]
     NoAuthOffLoopback(SocketAddr),
     #[error(
+        "rendezvous.insecure_no_auth accepts any bearer token, so it is refused with rendezvous.{0} `{1}`, which publishes the service beyond this machine (a proxy in front of a loopback listener); configure [[rendezvous.tokens]]"
+    )]
+    NoAuthPublished(&'static str, String),
+    #[error(
         "rendezvous.store is shared by several nodes, which must sign with one key: set rendezvous.signing_key_file or EXEC_SERVER_RENDEZVOUS_SIGNING_KEY on every node"
     )]
     SharedStoreNeedsKey,
@@ -196,6 +200,27 @@ fn listener_tls(
     }
 }
 
+/// `insecure_no_auth` is for one machine: a public or node URL naming another host means a
+/// proxy publishes the loopback listener, and then anyone could register and connect.
+fn refuse_published_without_auth(
+    config: &RendezvousConfig,
+    public_url: Option<&BaseUrl>,
+) -> Result<(), StartError> {
+    if let Some(url) = public_url.filter(|url| !url.is_loopback_host()) {
+        return Err(StartError::NoAuthPublished("public_url", url.redacted()));
+    }
+    let node = config
+        .node_url
+        .as_deref()
+        .map(|url| (url, BaseUrl::parse(url, true)));
+    if let Some((text, parsed)) = node {
+        if !parsed.is_ok_and(|url| url.is_loopback_host()) {
+            return Err(StartError::NoAuthPublished("node_url", text.to_owned()));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a public URL that cannot reach this listener for a reason no proxy explains (a
 /// TLS listener announced as `http://`), and warns of one that names this machine's
 /// loopback on another port than the listener's (right only with a local proxy).
@@ -260,13 +285,8 @@ pub async fn start(
     if config.tokens.is_empty() && !config.insecure_no_auth {
         return Err(StartError::NoTokens);
     }
-    if config.insecure_no_auth {
-        if !addr.ip().is_loopback() {
-            return Err(StartError::NoAuthOffLoopback(addr));
-        }
-        tracing::warn!(
-            "rendezvous.insecure_no_auth: any bearer token is accepted, as one tenant with every role"
-        );
+    if config.insecure_no_auth && !addr.ip().is_loopback() {
+        return Err(StartError::NoAuthOffLoopback(addr));
     }
     let plain_off_loopback = !addr.ip().is_loopback() && tls.is_none();
     if plain_off_loopback && config.public_url.is_none() && !config.allow_insecure {
@@ -280,6 +300,12 @@ pub async fn start(
         .as_deref()
         .map(parse_public_url)
         .transpose()?;
+    if config.insecure_no_auth {
+        refuse_published_without_auth(&config, public_url.as_ref())?;
+        tracing::warn!(
+            "rendezvous.insecure_no_auth: any bearer token is accepted, as one tenant with every role"
+        );
+    }
     let key = load_signing_key(&config)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
