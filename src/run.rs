@@ -11,6 +11,7 @@
 //! session lost, request refused), 126 when the command cannot be executed, 127 when it
 //! is not found; otherwise the command's own code (128 + N after signal N).
 
+pub(crate) mod profiles;
 pub(crate) mod sandbox;
 pub(crate) mod terminal;
 
@@ -48,10 +49,15 @@ const EXIT_BROKEN_PIPE: u8 = 128 + 13;
 #[command(group(
     clap::ArgGroup::new("server")
         .args(["url", "stdio", "remote"])
-        .required(true)
         .multiple(false)
 ))]
 pub struct RunArgs {
+    /// Take the server (`url`, `stdio` or `remote` + `environment_id`) and its `token_file`
+    /// and `ca_file` from this profile of `~/.config/exec-server/profiles.toml`
+    /// ($EXEC_SERVER_PROFILES overrides the file); flags given here win.
+    #[arg(short = 'p', long = "profile", value_name = "NAME")]
+    pub profile: Option<String>,
+
     /// WebSocket URL of a running server (`ws://IP:PORT`, or `wss://HOST:PORT` through a
     /// TLS proxy). A bearer token, when the server needs one, is read from `--token-file`
     /// or CODEX_EXEC_SERVER_CONNECTION_TOKEN. Busy answers (503, 429) are retried.
@@ -60,7 +66,7 @@ pub struct RunArgs {
 
     /// With --url: a file holding the bearer token, readable by its owner only (the
     /// server's `--ws-token-file`).
-    #[arg(long = "token-file", value_name = "FILE", requires = "url")]
+    #[arg(long = "token-file", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 
     /// Start a server with this shell command (e.g. `exec-server --listen stdio`) and talk
@@ -73,22 +79,17 @@ pub struct RunArgs {
     /// bearer token and the `[relay]` settings come from the same sources as for the
     /// executor: `relay.token_file`, the variable named by `relay.token_env`
     /// (EXEC_SERVER_RELAY_TOKEN), then CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN.
-    #[arg(long, value_name = "URL", requires = "environment_id")]
+    #[arg(long, value_name = "URL")]
     pub remote: Option<String>,
 
     /// The environment to reach through the relay.
-    #[arg(
-        long = "environment-id",
-        alias = "executor-id",
-        value_name = "ID",
-        requires = "remote"
-    )]
+    #[arg(long = "environment-id", alias = "executor-id", value_name = "ID")]
     pub environment_id: Option<String>,
 
     /// With --remote: a PEM file of CA certificates trusted besides the system's roots for
     /// the `https` registry and its `wss` sockets (`relay.ca_file`,
     /// EXEC_SERVER_RELAY__CA_FILE).
-    #[arg(long = "ca-file", value_name = "FILE", requires = "remote")]
+    #[arg(long = "ca-file", value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
 
     /// Run the command on a pseudo-terminal, with the local terminal in raw mode.
@@ -124,6 +125,34 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// The rules clap cannot check before a profile filled the flags in: one way to reach a
+/// server, and the flags that belong to it.
+fn check_server_flags(args: &RunArgs) -> Result<(), String> {
+    let ways = [
+        args.url.is_some(),
+        args.stdio.is_some(),
+        args.remote.is_some(),
+    ];
+    match ways.iter().filter(|set| **set).count() {
+        0 => return Err("say where to run the command: `--url ws://IP:PORT` (a running server), `--stdio CMD` (start one), `--remote URL --environment-id ID` (through a relay), or `-p PROFILE` (one of those, from profiles.toml)".into()),
+        1 => {}
+        _ => return Err("use one of --url, --stdio and --remote (a profile's is replaced by a flag's only when the flag names the same way)".into()),
+    }
+    if let Some(url) = &args.url {
+        parse_ws_url(url).map_err(|e| format!("invalid --url `{url}`: {e}"))?;
+    }
+    if args.token_file.is_some() && args.url.is_none() {
+        return Err("--token-file goes with --url".into());
+    }
+    if args.remote.is_some() != args.environment_id.is_some() {
+        return Err("--remote and --environment-id go together".into());
+    }
+    if args.ca_file.is_some() && args.remote.is_none() {
+        return Err("--ca-file goes with --remote".into());
+    }
+    Ok(())
+}
+
 fn parse_ws_url(text: &str) -> Result<String, String> {
     if text.starts_with("ws://") || text.starts_with("wss://") {
         Ok(text.to_owned())
@@ -141,7 +170,11 @@ fn parse_env(text: &str) -> Result<(String, String), String> {
 
 /// Runs the command and returns the exit code for the local process. `config` is the
 /// `--config` file, read for the `[relay]` settings of `--remote`.
-pub fn main(args: RunArgs, config: Option<&Path>) -> ExitCode {
+pub fn main(mut args: RunArgs, config: Option<&Path>) -> ExitCode {
+    if let Err(error) = profiles::apply(&mut args).and_then(|()| check_server_flags(&args)) {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -28,6 +28,7 @@ mod process_start_errors;
 mod readme;
 mod relay;
 mod run_errors;
+mod run_profiles;
 mod run_sandbox;
 mod sandbox;
 mod sandbox_reuse;
