@@ -16,24 +16,21 @@ async fn read_only_writes_nothing_and_workspace_write_writes_only_the_workspace(
         outside.path().display().to_string(),
         workspace.path().display().to_string(),
     );
-    let server = stdio_server();
     let script = format!(
         "echo in > {workspace_dir}/made; echo out > {outside_dir}/made; cat {workspace_dir}/made"
     );
+    // The script on a fresh stdio server in the workspace, under `sandbox` flags.
+    let run_script = |sandbox: &'static [&'static str]| {
+        let (server, cwd, script) = (stdio_server(), workspace_dir.clone(), script.clone());
+        async move {
+            let mut args = vec!["--stdio", &server];
+            args.extend(sandbox);
+            args.extend(["--cwd", &cwd, "--", "sh", "-c", &script]);
+            run_output(&mut run_command(&args)).await
+        }
+    };
 
-    let read_only = run_output(&mut run_command(&[
-        "--stdio",
-        &server,
-        "--sandbox",
-        "read-only",
-        "--cwd",
-        &workspace_dir,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]))
-    .await;
+    let read_only = run_script(&["--sandbox", "read-only"]).await;
     assert!(
         !workspace.path().join("made").exists(),
         "read-only wrote the workspace"
@@ -48,19 +45,7 @@ async fn read_only_writes_nothing_and_workspace_write_writes_only_the_workspace(
         String::from_utf8_lossy(&read_only.stderr)
     );
 
-    let write = run_output(&mut run_command(&[
-        "--stdio",
-        &server,
-        "--sandbox",
-        "workspace-write",
-        "--cwd",
-        &workspace_dir,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]))
-    .await;
+    let write = run_script(&["--sandbox", "workspace-write"]).await;
     assert_eq!(String::from_utf8_lossy(&write.stdout), "in\n");
     assert!(workspace.path().join("made").exists());
     assert!(
@@ -69,17 +54,7 @@ async fn read_only_writes_nothing_and_workspace_write_writes_only_the_workspace(
     );
 
     // Without --sandbox the same script writes both.
-    let open = run_output(&mut run_command(&[
-        "--stdio",
-        &server,
-        "--cwd",
-        &workspace_dir,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]))
-    .await;
+    let open = run_script(&[]).await;
     assert_eq!(open.status.code(), Some(0));
     assert!(outside.path().join("made").exists());
 }

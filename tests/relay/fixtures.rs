@@ -207,6 +207,20 @@ async fn spawn_rendezvous_keyed(
     (child, line.trim().to_owned(), log)
 }
 
+/// Runs `cmd` to its end, which must be a refusal at start (status 2, nothing on
+/// stdout); returns its stderr.
+pub(crate) async fn refused_at_start(mut cmd: tokio::process::Command) -> String {
+    cmd.stderr(std::process::Stdio::piped());
+    let output = tokio::time::timeout(STEP_TIMEOUT, cmd.output())
+        .await
+        .expect("it exits")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(output.stdout.is_empty(), "{stderr}");
+    stderr
+}
+
 /// Collects a child's piped stderr, line by line, as it comes.
 pub(crate) fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
     let log = Arc::new(Mutex::new(String::new()));

@@ -427,20 +427,14 @@ async fn a_pasted_sha256sum_line_is_named_with_its_file() {
         "[[rendezvous.tokens]]\nname = \"a\"\nrole = \"harness\"\nsha256 = \"{digest}  -\"\n"
     ));
     let path = config.to_str().unwrap();
-    let mut cmd = crate::util::server_command(&[
+    let stderr = super::fixtures::refused_at_start(crate::util::server_command(&[
         "rendezvous",
         "--config",
         path,
         "--listen",
         "http://127.0.0.1:0",
-    ]);
-    cmd.stderr(std::process::Stdio::piped());
-    let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, cmd.output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    ]))
+    .await;
     assert!(
         stderr.contains("rendezvous.tokens.0.sha256 must be 64 hex digits; this looks like a whole `sha256sum` line"),
         "{stderr}"
@@ -456,25 +450,18 @@ async fn insecure_no_auth_is_refused_when_published_beyond_this_machine() {
         ("--public-url", "https://exec.example.com"),
         ("--node-url", "http://10.0.0.5:8701"),
     ] {
-        let mut cmd = crate::util::server_command(&[
+        let stderr = super::fixtures::refused_at_start(crate::util::server_command(&[
             "rendezvous",
             "--insecure-no-auth",
             "--listen",
             "http://127.0.0.1:0",
             flag,
             url,
-        ]);
-        cmd.stderr(std::process::Stdio::piped());
-        let output = tokio::time::timeout(crate::util::STEP_TIMEOUT, cmd.output())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(2), "{flag}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        ]))
+        .await;
         assert!(
             stderr.contains("publishes the service beyond this machine") && stderr.contains(url),
             "{stderr}"
         );
-        assert!(output.stdout.is_empty());
     }
 }
