@@ -94,6 +94,9 @@ pub enum Command {
     /// Run a command on a server as if it were local: live output, stdin forwarded,
     /// `--tty` for a terminal, the remote exit code as the exit code.
     Run(crate::run::RunArgs),
+    /// Copy one file between this machine and a server, like scp: the server's side is
+    /// written `:/PATH` (`exec-server cp -p build ./app.tar :/srv/app.tar`).
+    Cp(crate::cp::CpArgs),
     /// Run the self-hosted relay registry and rendezvous service; the first stdout line is
     /// its URL.
     Rendezvous {

@@ -18,8 +18,10 @@
 //!   with its own `main` calls it first.
 
 pub mod cli;
+pub mod cp;
 pub mod doctor;
 pub mod run;
+pub mod server_args;
 
 pub use exec_server_core::hygiene::harden_process;
 
@@ -119,15 +121,19 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
             }
         }
         cli::Cli {
+            command: Some(cli::Command::Cp(cp)),
+            config,
+            ..
+        } => {
+            capture_client_secrets(config.as_deref());
+            return cp::main(cp, config.as_deref());
+        }
+        cli::Cli {
             command: Some(cli::Command::Run(run)),
             config,
             ..
         } => {
-            // Still single-threaded: take the variable `relay.token_env` names, if the
-            // configuration names one; `run` reports configuration errors itself.
-            if let Ok(source) = ConfigSource::load(config.as_deref(), CliOverrides::default()) {
-                secret_env::capture_variables_named(&source.secret_variable_names());
-            }
+            capture_client_secrets(config.as_deref());
             return run::main(run, config.as_deref());
         }
         cli => cli,
@@ -146,6 +152,15 @@ pub fn main_with_plugins(extra: &[(&str, &str)]) -> ExitCode {
     }
 }
 
+/// For `run` and `cp`, while still single-threaded: takes the variable `relay.token_env`
+/// names out of the environment, if the configuration names one (they report
+/// configuration errors themselves).
+fn capture_client_secrets(config: Option<&std::path::Path>) {
+    if let Ok(source) = ConfigSource::load(config, CliOverrides::default()) {
+        secret_env::capture_variables_named(&source.secret_variable_names());
+    }
+}
+
 fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
     check_linked_plugins(expected)?;
     let overrides = cli.overrides().map_err(StartupError)?;
@@ -160,6 +175,7 @@ fn start(cli: cli::Cli, expected: &[(&str, &str)]) -> Result<(), RunError> {
         Some(cli::Command::Config) => Ok(print_config(&source, &core)?),
         Some(
             cli::Command::Run(_)
+            | cli::Command::Cp(_)
             | cli::Command::Doctor
             | cli::Command::Completions { .. }
             | cli::Command::Man,

@@ -10,6 +10,7 @@ mod client;
 mod client_in_process;
 mod codex;
 mod config;
+mod cp;
 mod dependencies;
 mod deploy;
 mod docs;

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::RunArgs;
+use super::ServerArgs;
 
 /// One profile: a way to reach a server and what it needs.
 #[derive(Debug, Default, Deserialize)]
@@ -37,7 +37,7 @@ struct Profile {
 }
 
 /// Fills what `args` leaves unset from its `--profile`, if it names one.
-pub(super) fn apply(args: &mut RunArgs) -> Result<(), String> {
+pub(super) fn apply(args: &mut ServerArgs) -> Result<(), String> {
     let Some(name) = args.profile.clone() else {
         return Ok(());
     };
@@ -61,7 +61,7 @@ pub(super) fn apply(args: &mut RunArgs) -> Result<(), String> {
 
 /// The profile's values where the command line has none. A flag that names a way to reach
 /// a server (`--url`, `--stdio`, `--remote`) replaces the profile's way entirely.
-fn merge(args: &mut RunArgs, profile: Profile) {
+fn merge(args: &mut ServerArgs, profile: Profile) {
     let flag_way = args.url.is_some() || args.stdio.is_some() || args.remote.is_some();
     if !flag_way {
         args.url = profile.url;
