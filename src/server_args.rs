@@ -82,9 +82,9 @@ fn check(args: &ServerArgs) -> Result<(), String> {
         args.remote.is_some(),
     ];
     match ways.iter().filter(|set| **set).count() {
-        0 => return Err("say where to run the command: `--url ws://IP:PORT` (a running server), `--stdio CMD` (start one), `--remote URL --environment-id ID` (through a relay), or `-p PROFILE` (one of those, from profiles.toml)".into()),
+        0 => return Err("say which server: `--url ws://IP:PORT` (a running server), `--stdio CMD` (start one), `--remote URL --environment-id ID` (through a relay), or `-p PROFILE` (one of those, from profiles.toml)".into()),
         1 => {}
-        _ => return Err("use one of --url, --stdio and --remote (a profile's is replaced by a flag's only when the flag names the same way)".into()),
+        _ => return Err("use one of --url, --stdio and --remote".into()),
     }
     if let Some(url) = &args.url {
         parse_ws_url(url).map_err(|e| format!("invalid --url `{url}`: {e}"))?;
