@@ -10,7 +10,8 @@ use exec_server_config::CliOverrides;
 #[derive(Debug, Parser)]
 #[command(name = "exec-server", version, about, long_about = None)]
 pub struct Cli {
-    /// Where to listen: `ws://IP:PORT` (port 0 picks a free port) or `stdio`. Repeatable;
+    /// Where to listen: `ws://IP:PORT` or `ws://localhost:PORT` (port 0 picks a free port) or
+    /// `stdio`; off loopback only with `--ws-auth`. Repeatable;
     /// replaces `server.listen` from the config. Default: `ws://127.0.0.1:0`.
     #[arg(long = "listen", value_name = "URL")]
     pub listen: Vec<String>,
