@@ -8,9 +8,25 @@ fn stdio_server() -> String {
     format!("{} --listen stdio", server_bin().display())
 }
 
+/// A directory `workspace-write` does not grant: not under `/tmp` or `$TMPDIR` (which it
+/// grants, and which may hold the checkout itself).
+fn outside_every_writable_root() -> tempfile::TempDir {
+    let granted = [std::path::PathBuf::from("/tmp"), std::env::temp_dir()];
+    let candidates = [
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+        std::path::PathBuf::from("/var/tmp"),
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()),
+    ];
+    candidates
+        .iter()
+        .filter(|dir| dir.is_absolute() && !granted.iter().any(|g| dir.starts_with(g)))
+        .find_map(|dir| tempfile::tempdir_in(dir).ok())
+        .expect("a writable directory outside /tmp and $TMPDIR")
+}
+
 #[tokio::test]
 async fn read_only_writes_nothing_and_workspace_write_writes_only_the_workspace() {
-    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let outside = outside_every_writable_root();
     let workspace = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (outside_dir, workspace_dir) = (
         outside.path().display().to_string(),
