@@ -152,3 +152,32 @@ fn a_broken_configuration_is_a_failing_line_not_a_crash() {
     );
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// A store on a unix socket (`unix:///path`, which `rendezvous.store` accepts) is reached
+/// there; here by a stand-in that answers PING as Redis does.
+#[test]
+fn a_store_on_a_unix_socket_is_pinged_there() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let answering = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut ping = [0u8; 6];
+        stream.read_exact(&mut ping).unwrap();
+        assert_eq!(&ping, b"PING\r\n");
+        stream.write_all(b"+PONG\r\n").unwrap();
+    });
+    let config = config_file(&format!(
+        "[rendezvous]\nstore = \"unix://{}\"\n",
+        socket.display()
+    ));
+    let out = doctor(&["--config", config.to_str().unwrap()]);
+    answering.join().unwrap();
+    let lines = lines(&out);
+    let redis = check(&lines, "redis");
+    assert!(
+        redis.starts_with("ok") && redis.contains("answers PING"),
+        "{redis}"
+    );
+}

@@ -2,9 +2,12 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use exec_server_config::ConfigSource;
+use exec_server_proto::log_text::printable;
+use exec_server_rendezvous::store_url::{redis_endpoint, RedisEndpoint};
 
 use super::Finding;
 
@@ -30,48 +33,41 @@ pub(super) fn checks(source: &ConfigSource) -> Vec<Finding> {
 /// Connects to the store's Redis and sends `PING`.
 fn redis(store: &str) -> Finding {
     let shown = exec_server_rendezvous::store_url::redacted_url(store);
-    let Some(address) = redis_address(store) else {
+    let Some(endpoint) = redis_endpoint(store) else {
         return Finding::fail(
             "redis",
-            format!("rendezvous.store `{shown}` names no host:port"),
+            format!("rendezvous.store `{shown}` names no Redis server"),
         );
     };
-    match ping(&address) {
+    match ping(&endpoint) {
         Ok(answer) if answer.starts_with("+PONG") => Finding::ok("redis", format!("{shown} answers PING: the nodes can share registrations")),
         Ok(answer) if answer.starts_with("-NOAUTH") => Finding::ok("redis", format!("{shown} is reachable and asks for a password (the store URL's credentials are used by the service)")),
-        Ok(answer) => Finding::fail("redis", format!("{shown} answered `{}` to PING: the rendezvous cannot use it", answer.trim())),
+        Ok(answer) => Finding::fail("redis", format!("{shown} answered `{}` to PING: the rendezvous cannot use it", printable(answer.trim()))),
         Err(error) => Finding::fail("redis", format!("{shown} unreachable ({error}): the rendezvous answers 503 until it is. Fix: start Redis or correct rendezvous.store")),
     }
 }
 
-/// `host:port` of a `redis://[user:password@]host[:port][/db]` URL (port 6379 by default).
-fn redis_address(store: &str) -> Option<String> {
-    let rest = store
-        .strip_prefix("redis://")
-        .or_else(|| store.strip_prefix("rediss://"))?;
-    let authority = rest.split('/').next()?;
-    let host_port = authority.rsplit('@').next()?;
-    if host_port.is_empty() {
-        return None;
+/// Sends `PING` and returns the start of the answer.
+fn ping(endpoint: &RedisEndpoint) -> std::io::Result<String> {
+    match endpoint {
+        RedisEndpoint::Tcp(address) => {
+            let target = address
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| std::io::Error::other("no address"))?;
+            let stream = TcpStream::connect_timeout(&target, STORE_TIMEOUT)?;
+            stream.set_read_timeout(Some(STORE_TIMEOUT))?;
+            exchange(stream)
+        }
+        RedisEndpoint::Unix(path) => {
+            let stream = UnixStream::connect(path)?;
+            stream.set_read_timeout(Some(STORE_TIMEOUT))?;
+            exchange(stream)
+        }
     }
-    let has_port = host_port
-        .rsplit_once(':')
-        .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
-        && !host_port.ends_with(']');
-    Some(if has_port {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:6379")
-    })
 }
 
-fn ping(address: &str) -> std::io::Result<String> {
-    let target = address
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other("no address"))?;
-    let mut stream = TcpStream::connect_timeout(&target, STORE_TIMEOUT)?;
-    stream.set_read_timeout(Some(STORE_TIMEOUT))?;
+fn exchange(mut stream: impl Read + Write) -> std::io::Result<String> {
     stream.write_all(b"PING\r\n")?;
     let mut answer = [0u8; 64];
     let n = stream.read(&mut answer)?;
