@@ -76,6 +76,9 @@ pub fn main(mut args: CpArgs, config: Option<&Path>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             let text = exec_server_proto::log_text::printable(&error.to_string());
+            if let Some(hint) = args.server.refusal_hint(&error) {
+                eprintln!("exec-server cp: {hint}");
+            }
             eprintln!(
                 "exec-server cp: {} → {}: {text}",
                 args.source, args.destination

@@ -21,9 +21,7 @@ use std::process::ExitCode;
 use clap::Args;
 use exec_server_client::{ExecServerClient, ExecServerError, ProcessControl, ProcessEvent};
 
-use crate::server_args::{connect, refusal_hint, ServerArgs};
-use exec_server_config::core::CONNECTION_TOKEN_ENV;
-use exec_server_config::secret_env;
+use crate::server_args::{connect, ServerArgs};
 use exec_server_proto::process::{
     EnvInherit, EnvPolicy, OutputStream, Signal, StartParams, TerminalSize, WriteStatus,
 };
@@ -160,19 +158,8 @@ fn start_failure(error: ExecServerError, program: &str, cwd: &str) -> Failure {
 }
 
 fn connect_failure(error: ExecServerError, args: &ServerArgs) -> Failure {
-    let ExecServerError::Refused { status, .. } = &error else {
-        return error.into();
-    };
-    let token_from = match &args.token_file {
-        Some(path) => Some(format!("--token-file {}", path.display())),
-        None if secret_env::secret_variable(CONNECTION_TOKEN_ENV).is_some() => {
-            Some(CONNECTION_TOKEN_ENV.to_owned())
-        }
-        None => None,
-    };
-    let hint = refusal_hint(*status, token_from.as_deref());
     Failure {
-        context: hint,
+        context: args.refusal_hint(&error),
         error,
         code: EXIT_RUN_FAILED,
     }

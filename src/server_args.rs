@@ -184,8 +184,25 @@ fn relay_args(
     Ok(args)
 }
 
-/// What to do about an upgrade the server refused, for the statuses a user can fix.
-pub fn refusal_hint(status: u16, token_from: Option<&str>) -> Option<String> {
+impl ServerArgs {
+    /// What to do about `error` when it is an upgrade the server refused with a status a
+    /// user can fix, naming where the token sent came from.
+    pub fn refusal_hint(&self, error: &ExecServerError) -> Option<String> {
+        let ExecServerError::Refused { status, .. } = error else {
+            return None;
+        };
+        let token_from = match &self.token_file {
+            Some(path) => Some(format!("--token-file {}", path.display())),
+            None if secret_env::secret_variable(CONNECTION_TOKEN_ENV).is_some() => {
+                Some(CONNECTION_TOKEN_ENV.to_owned())
+            }
+            None => None,
+        };
+        hint_for_status(*status, token_from.as_deref())
+    }
+}
+
+fn hint_for_status(status: u16, token_from: Option<&str>) -> Option<String> {
     match (status, token_from) {
         (401, None) => Some(format!(
             "the server needs a bearer token: pass `--token-file FILE` (owner-only) or set {CONNECTION_TOKEN_ENV}"

@@ -132,3 +132,17 @@ async fn mistakes_are_named_and_leave_nothing_behind() {
     assert_eq!(relative.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&relative.stderr).contains("must be absolute"));
 }
+
+#[tokio::test]
+async fn a_refused_upgrade_says_what_to_set_as_run_does() {
+    let mut command = crate::util::server_command(&["--listen", "ws://127.0.0.1:0"]);
+    command.env("CODEX_EXEC_SERVER_CONNECTION_TOKEN", "cp-token");
+    let server = WsServer::start_with(command).await;
+    let out = cp(&["--url", &server.url, ":/etc/hostname", "/nonexistent-dir/x"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HTTP 401") && stderr.contains("--token-file FILE"),
+        "{stderr}"
+    );
+}
