@@ -282,11 +282,10 @@ impl WebSocketTransport {
                 if let Some(token) = &self.bearer_token {
                     body = body.replace(token.as_str(), "<redacted>");
                 }
-                let body: String = body.trim().chars().take(REFUSAL_BODY_CHARS).collect();
                 return Err(ExecServerError::Refused {
                     url: self.url.clone(),
                     status,
-                    body: exec_server_proto::log_text::printable(&body),
+                    body: exec_server_proto::log_text::printable_start(&body, REFUSAL_BODY_CHARS),
                 });
             };
             tokio::time::sleep(wait).await;

@@ -27,6 +27,13 @@ pub fn printable(text: &str) -> String {
         .collect()
 }
 
+/// The first `chars` characters of `text`, trimmed and [`printable`]: a peer's short
+/// reason (a refusal's body or header) as an error shows it.
+pub fn printable_start(text: &str, chars: usize) -> String {
+    let start: String = text.trim().chars().take(chars).collect();
+    printable(&start)
+}
+
 /// Separators and format characters a reader does not see but that change what is shown.
 fn is_invisible_format(c: char) -> bool {
     matches!(c,
@@ -79,6 +86,7 @@ mod tests {
         );
         assert!(spoof.contains("\\u{202e}"), "{spoof}");
         assert_eq!(printable("naïve 日本"), "naïve 日本");
+        assert_eq!(printable_start("  ab\ncd  ", 4), "ab\\nc");
         let long = "é".repeat(MAX_QUOTED_BYTES);
         assert_eq!(super::quoted(&long).len(), MAX_QUOTED_BYTES);
     }

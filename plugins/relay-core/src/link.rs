@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use exec_server_proto::log_text::printable_start;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
@@ -77,8 +78,7 @@ fn refusal_reason(
         .and_then(|value| value.to_str().ok())
         .filter(|text| !text.trim().is_empty());
     if let Some(reason) = header {
-        let reason: String = reason.trim().chars().take(REFUSAL_REASON_CHARS).collect();
-        return exec_server_proto::log_text::printable(&reason);
+        return printable_start(reason, REFUSAL_REASON_CHARS);
     }
     let error = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
@@ -99,13 +99,13 @@ fn refusal_reason(
                 _ => message,
             }
         }
-        None => String::from_utf8_lossy(body).trim().to_owned(),
+        None => String::from_utf8_lossy(body).into_owned(),
     };
-    let text: String = text.chars().take(REFUSAL_REASON_CHARS).collect();
-    if text.is_empty() {
+    let reason = printable_start(&text, REFUSAL_REASON_CHARS);
+    if reason.is_empty() {
         "no reason given".into()
     } else {
-        exec_server_proto::log_text::printable(&text)
+        reason
     }
 }
 
