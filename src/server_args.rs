@@ -13,6 +13,7 @@ use exec_server_config::core::CONNECTION_TOKEN_ENV;
 use exec_server_config::secret::read_token_file;
 use exec_server_config::{secret_env, CliOverrides, ConfigSource};
 use exec_server_relay::config::RelayConfig;
+use exec_server_relay_core::endpoint::check_ws_url;
 use exec_server_relay_core::harness::RelayConnectArgs;
 
 /// The flags that say which server to use.
@@ -138,6 +139,11 @@ pub async fn connect(
                 None => secret_env::secret_variable(CONNECTION_TOKEN_ENV)
                     .map(|token| token.expose().to_owned()),
             };
+            if token.is_some() && in_clear_beyond_this_machine(url) {
+                eprintln!(
+                    "warning: the bearer token travels in clear over ws:// to a host other than this machine; use wss:// (a TLS proxy in front of the server) or an SSH tunnel"
+                );
+            }
             ExecServerClient::connect_websocket(url, token, options).await
         }
         (None, Some(command_line)) => {
@@ -155,6 +161,12 @@ pub async fn connect(
             "one of --url, --stdio or --remote is required".into(),
         )),
     }
+}
+
+/// Whether a token sent to `url` crosses a network in clear: `ws://` to a host that is not
+/// this machine (the relay's rule for its own sockets).
+fn in_clear_beyond_this_machine(url: &str) -> bool {
+    check_ws_url(url, false).is_err()
 }
 
 /// The relay settings for `--remote`: the `[relay]` keys (file, then environment) and the
@@ -212,5 +224,30 @@ fn hint_for_status(status: u16, token_from: Option<&str>) -> Option<String> {
         )),
         (503 | 429, _) => Some("the server stayed busy through the retries; try again later".into()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_in_clear_over_ws_to_another_host() {
+        for url in [
+            "ws://10.0.0.7:9000",
+            "ws://build.example.com:9000",
+            "ws://[fe80::1]:1",
+        ] {
+            assert!(in_clear_beyond_this_machine(url), "{url}");
+        }
+        for url in [
+            "ws://127.0.0.1:9000",
+            "ws://localhost:9000",
+            "ws://[::1]:9000",
+            "ws://[::ffff:127.0.0.1]:9000",
+            "wss://build.example.com",
+        ] {
+            assert!(!in_clear_beyond_this_machine(url), "{url}");
+        }
     }
 }

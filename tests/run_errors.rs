@@ -236,3 +236,28 @@ async fn a_token_the_server_echoes_back_is_not_printed() {
     assert!(stderr.contains("Bearer <redacted>"), "{stderr}");
     assert!(!stderr.contains("run-errors-echo-token"), "{stderr}");
 }
+
+#[tokio::test]
+/// Only loopback exists here, so the warning's other side is a unit test
+/// (`server_args::tests::a_token_is_in_clear_over_ws_to_another_host`).
+async fn a_token_sent_to_this_machine_is_not_warned_about() {
+    let mut command = server_command(&["--listen", "ws://127.0.0.1:0"]);
+    command.env("CODEX_EXEC_SERVER_CONNECTION_TOKEN", "clear-token");
+    let server = WsServer::start_with(command).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(&dir, "clear-token");
+    let local = run_output(&mut run_command(&[
+        "--url",
+        &server.url,
+        "--token-file",
+        &token,
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(local.status.code(), Some(0), "{}", text(&local.stderr));
+    assert!(
+        !text(&local.stderr).contains("in clear"),
+        "loopback is this machine"
+    );
+}

@@ -22,6 +22,7 @@ pub mod fs;
 pub mod initialize;
 pub mod jsonrpc;
 pub mod log_text;
+pub mod net;
 pub mod path;
 pub mod process;
 pub mod start_errors;

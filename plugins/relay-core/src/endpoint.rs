@@ -85,8 +85,8 @@ pub fn redact_url(url: &str) -> &str {
 fn is_loopback(host: Option<Host<&str>>) -> bool {
     match host {
         Some(Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
-        Some(Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
-        Some(Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
+        Some(Host::Ipv4(ip)) => exec_server_proto::net::is_loopback(IpAddr::V4(ip)),
+        Some(Host::Ipv6(ip)) => exec_server_proto::net::is_loopback(IpAddr::V6(ip)),
         None => false,
     }
 }

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use exec_server_core::config::secret::read_secret_file;
 use exec_server_core::config::{secret_env, ConfigSource};
+use exec_server_core::proto::net::is_loopback;
 use exec_server_core::transport::http_server::{serve_http, serve_https, ListenerLimits};
 use exec_server_core::StartupError;
 use serde_json::Value;
@@ -285,10 +286,10 @@ pub async fn start(
     if config.tokens.is_empty() && !config.insecure_no_auth {
         return Err(StartError::NoTokens);
     }
-    if config.insecure_no_auth && !addr.ip().is_loopback() {
+    if config.insecure_no_auth && !is_loopback(addr.ip()) {
         return Err(StartError::NoAuthOffLoopback(addr));
     }
-    let plain_off_loopback = !addr.ip().is_loopback() && tls.is_none();
+    let plain_off_loopback = !is_loopback(addr.ip()) && tls.is_none();
     if plain_off_loopback && config.public_url.is_none() && !config.allow_insecure {
         return Err(StartError::Insecure(addr));
     }

@@ -5,7 +5,9 @@
 //! A `ws://` listener without a credential runs any command for anyone who reaches it, so
 //! `exec-server --listen ws://0.0.0.0:9000` with no auth is refused at start, not served.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+
+use exec_server_proto::net::is_loopback;
 
 use crate::router::StartupError;
 
@@ -44,44 +46,12 @@ pub fn check(
     )))
 }
 
-/// Loopback in every spelling a socket accepts: 127.0.0.0/8, `::1`, and IPv4-mapped
-/// `::ffff:127.x.y.z`. The unspecified addresses (`0.0.0.0`, `::`) are every interface.
-pub fn is_loopback(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => {
-            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn addr(text: &str) -> SocketAddr {
         text.parse().unwrap()
-    }
-
-    #[test]
-    fn loopback_in_every_spelling_is_loopback() {
-        for text in [
-            "127.0.0.1:1",
-            "127.3.2.1:1",
-            "[::1]:1",
-            "[::ffff:127.0.0.1]:1",
-        ] {
-            assert!(is_loopback(addr(text).ip()), "{text}");
-        }
-        for text in [
-            "0.0.0.0:1",
-            "[::]:1",
-            "10.0.0.1:1",
-            "[::ffff:10.0.0.1]:1",
-            "[fe80::1]:1",
-        ] {
-            assert!(!is_loopback(addr(text).ip()), "{text}");
-        }
     }
 
     #[test]
